@@ -1,0 +1,30 @@
+//! `relaunch._native`: the Rust side of the Python package. Python classes in
+//! `python/relaunch/` wrap these objects; arguments are coerced there.
+
+mod errors;
+mod store;
+
+use pyo3::prelude::*;
+
+/// Runs the `relaunch` command line with `argv` (program name first) and
+/// returns its exit code. The GIL is released for the whole run.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+    let code = py.detach(|| relaunch_cli::run_to_code(argv));
+    i32::from(code)
+}
+
+#[pymodule]
+mod _native {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use super::cli_main;
+    #[pymodule_export]
+    use super::store::Store;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))
+    }
+}
