@@ -1,6 +1,6 @@
 //! Helpers shared by the store's integration tests: a server on loopback, a
 //! raw socket that speaks bytes, and waiting on a condition with a deadline.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
