@@ -2,6 +2,8 @@
 //! and nothing else; the server keeps answering everyone else correctly and
 //! keeps no state for connections that are gone.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

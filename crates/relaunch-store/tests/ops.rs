@@ -1,6 +1,8 @@
 //! Every operation through the async client against the real server, over
 //! loopback TCP, including deferred WAIT and BARRIER replies.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;
