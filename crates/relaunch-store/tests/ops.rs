@@ -123,7 +123,8 @@ async fn queues() {
 async fn every_creating_op_releases_waiters() {
     let server = server().await;
     let c = client(&server).await;
-    let ops: Vec<(&str, Box<dyn Fn(&str) -> Request<'_>>)> = vec![
+    type MakeRequest = Box<dyn Fn(&str) -> Request<'_>>;
+    let ops: Vec<(&str, MakeRequest)> = vec![
         (
             "SET",
             Box::new(|k| Request::Set {
