@@ -37,25 +37,34 @@ fn keys(ks: &[String]) -> Vec<String> {
 }
 
 impl Store {
-    /// Runs `op` with the GIL released, waking every
-    /// [`SIGNAL_CHECK_INTERVAL`] so that Ctrl-C interrupts a long wait.
     fn block<T, F>(&self, py: Python<'_>, op: F) -> PyResult<T>
     where
         T: Send,
         F: Future<Output = Result<T, StoreError>> + Send,
     {
-        let mut op = std::pin::pin!(op);
-        loop {
-            let step = py.detach(|| {
-                self.runtime
-                    .block_on(tokio::time::timeout(SIGNAL_CHECK_INTERVAL, op.as_mut()))
-            });
-            match step {
-                Ok(result) => return result.map_err(store_error),
-                // An interrupted call drops `op`; the client then replaces
-                // its connection on the next call.
-                Err(_) => py.check_signals()?,
-            }
+        block_on(py, &self.runtime, op)
+    }
+}
+
+/// Runs `op` on `runtime` with the GIL released, waking every
+/// [`SIGNAL_CHECK_INTERVAL`] so that Ctrl-C interrupts a long wait.
+fn block_on<T, F>(py: Python<'_>, runtime: &Runtime, op: F) -> PyResult<T>
+where
+    T: Send,
+    F: Future<Output = Result<T, StoreError>> + Send,
+{
+    let mut op = std::pin::pin!(op);
+    loop {
+        // The timer must be created inside the runtime.
+        let step = py.detach(|| {
+            runtime
+                .block_on(async { tokio::time::timeout(SIGNAL_CHECK_INTERVAL, op.as_mut()).await })
+        });
+        match step {
+            Ok(result) => return result.map_err(store_error),
+            // An interrupted call drops `op`; the client then replaces its
+            // connection on the next call.
+            Err(_) => py.check_signals()?,
         }
     }
 }
@@ -77,20 +86,7 @@ impl Store {
             connect_timeout: timeout,
             ..ClientOptions::default()
         };
-        let connect = StoreClient::connect(host, port, options);
-        let mut connect = std::pin::pin!(connect);
-        let client = loop {
-            let step = py.detach(|| {
-                runtime.block_on(tokio::time::timeout(
-                    SIGNAL_CHECK_INTERVAL,
-                    connect.as_mut(),
-                ))
-            });
-            match step {
-                Ok(result) => break result.map_err(store_error)?,
-                Err(_) => py.check_signals()?,
-            }
-        };
+        let client = block_on(py, &runtime, StoreClient::connect(host, port, options))?;
         Ok(Self {
             runtime,
             client,

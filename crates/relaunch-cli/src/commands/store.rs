@@ -17,11 +17,14 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
+        // Handlers first: a SIGTERM right after `listening on` must stop the
+        // server cleanly, not kill it.
+        let shutdown = shutdown_signals()?;
         let server = StoreServer::bind(&options).await?;
         for addr in server.local_addrs() {
             output::status(&format!("listening on {addr}"));
         }
-        server.serve_until(shutdown_requested()).await;
+        server.serve_until(shutdown).await;
         Ok(())
     })
 }
@@ -48,21 +51,19 @@ fn server_options(args: &ServeArgs) -> anyhow::Result<ServerOptions> {
     })
 }
 
-/// Completes on the first SIGTERM or SIGINT.
-async fn shutdown_requested() {
+/// Installs SIGTERM and SIGINT handlers; the returned future completes on
+/// the first of them.
+fn shutdown_signals() -> anyhow::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; stop the store with SIGKILL");
-        return std::future::pending().await;
-    };
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "stopping");
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stopping");
+    })
 }
 
 #[cfg(test)]

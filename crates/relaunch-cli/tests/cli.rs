@@ -1,0 +1,64 @@
+//! What users see from the `relaunch` binary: help, version and argument
+//! errors, as snapshots.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use assert_cmd::Command;
+
+fn relaunch(args: &[&str]) -> (i32, String, String) {
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        .args(args)
+        .env_remove("RELAUNCH_LOG")
+        .env("COLUMNS", "100")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn top_level_help() {
+    let (code, stdout, _) = relaunch(&["--help"]);
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn store_serve_help() {
+    let (code, stdout, _) = relaunch(&["store", "serve", "--help"]);
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn version() {
+    let (code, stdout, _) = relaunch(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout, format!("relaunch {}\n", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn no_command_shows_usage_and_fails() {
+    let (code, _, stderr) = relaunch(&[]);
+    assert_eq!(code, 2);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn bad_size_names_the_value_and_the_fix() {
+    let (code, _, stderr) = relaunch(&["store", "serve", "--max-value-bytes", "12 parsecs"]);
+    assert_eq!(code, 2);
+    insta::assert_snapshot!(stderr);
+}
+
+#[test]
+fn contradictory_limits_fail_before_listening() {
+    let (code, _, stderr) =
+        relaunch(&["store", "serve", "--port", "0", "--max-frame-bytes", "4KiB"]);
+    assert_eq!(code, 1);
+    insta::assert_snapshot!(stderr);
+}
