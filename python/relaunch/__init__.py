@@ -1,0 +1,26 @@
+"""relaunch: keep distributed PyTorch jobs alive through crashes, preemptions and relaunches.
+
+The Python API is a thin layer over a Rust core (``relaunch._native``).
+"""
+
+from relaunch._native import __version__
+from relaunch.errors import (
+    QueueEmptyError,
+    RelaunchError,
+    StoreConnectionError,
+    StoreError,
+    StoreRequestError,
+    StoreTimeoutError,
+)
+from relaunch.store import Store
+
+__all__ = [
+    "QueueEmptyError",
+    "RelaunchError",
+    "Store",
+    "StoreConnectionError",
+    "StoreError",
+    "StoreRequestError",
+    "StoreTimeoutError",
+    "__version__",
+]

@@ -1,0 +1,29 @@
+"""Every exception relaunch raises, declared in one place.
+
+The native module maps each Rust error kind to one of these (see
+``crates/relaunch-py/src/errors.rs``).
+"""
+
+
+class RelaunchError(Exception):
+    """Base class of every relaunch error."""
+
+
+class StoreError(RelaunchError):
+    """The rendezvous store failed or answered something unexpected."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A store call did not finish within its timeout (the store is reachable)."""
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The store cannot be reached, or the connection to it broke."""
+
+
+class StoreRequestError(StoreError, ValueError):
+    """The request was refused before sending: a key or value beyond the store's limits."""
+
+
+class QueueEmptyError(StoreError):
+    """A non-blocking ``queue_pop`` found the queue empty."""

@@ -1,0 +1,96 @@
+"""The `relaunch` command as a user runs it: help, version, bad flags, and
+`relaunch store serve` starting, refusing bad input and stopping cleanly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from relaunch import Store
+from relaunch._subprocess import StoreProcess
+
+RELAUNCH = [sys.executable, "-m", "relaunch"]
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([*RELAUNCH, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_names_the_commands():
+    out = run("--help")
+    assert out.returncode == 0
+    assert "Keep distributed PyTorch jobs alive" in out.stdout
+    assert "store" in out.stdout
+    serve = run("store", "serve", "--help")
+    assert serve.returncode == 0
+    for flag in ["--host", "--port", "--max-value-bytes", "--max-frame-bytes"]:
+        assert flag in serve.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["store", "serve", "--port", "70000"], "70000"),
+        (["store", "serve", "--port", "abc"], "invalid value 'abc'"),
+        (["store", "serve", "--max-value-bytes", "lots"], "is not a size"),
+        (["store", "serve", "--bogus"], "unexpected argument '--bogus'"),
+        (["nonsense"], "unrecognized subcommand 'nonsense'"),
+    ],
+)
+def test_bad_flags_exit_2_before_anything_starts(args, message):
+    out = run(*args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "listening" not in out.stderr
+
+
+def test_contradictory_limits_are_refused():
+    out = run("store", "serve", "--port", "0", "--max-frame-bytes", "1KiB")
+    assert out.returncode == 1
+    assert "raise --max-frame-bytes" in out.stderr
+
+
+def test_a_port_in_use_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run("store", "serve", "--host", "127.0.0.1", "--port", str(port))
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "in use" in out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_cleanly_on_signals(sig):
+    server = StoreProcess()
+    client = Store("127.0.0.1", server.port, timeout=5)
+    client.set("k", "v")
+    server.proc.send_signal(sig)
+    assert server.proc.wait(10) == 0
+    log = "".join(server.log)
+    assert "store shutting down" in log
+    assert "connections=1" in log and "keys=1" in log
+
+
+def test_port_zero_prints_the_chosen_port():
+    with StoreProcess(port=0) as server:
+        assert server.port > 0
+        assert f"listening on 127.0.0.1:{server.port}\n" in server.log
+        Store("127.0.0.1", server.port, timeout=5).ping()
+
+
+def test_a_malformed_client_is_logged_and_others_carry_on(store_server):
+    good = Store("127.0.0.1", store_server.port, timeout=5)
+    good.set("k", "v")
+    with socket.create_connection(("127.0.0.1", store_server.port)) as bad:
+        bad.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert bad.recv(1) == b""  # closed by the server
+    assert good.get("k") == b"v"
+    log = "".join(store_server.log)
+    assert "closing connection" in log
+    assert "not a TCPStore client" in log
