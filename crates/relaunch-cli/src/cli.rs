@@ -71,6 +71,10 @@ pub struct ServeArgs {
     /// Largest request as a whole.
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_frame_bytes: usize,
+
+    /// Threads serving connections [default: one per CPU].
+    #[arg(long, default_value_t = 0, hide_default_value = true, value_name = "N")]
+    pub threads: usize,
 }
 
 impl Default for ServeArgs {
@@ -83,6 +87,7 @@ impl Default for ServeArgs {
             max_value_bytes: limits.max_value_bytes,
             max_keys: limits.max_keys,
             max_frame_bytes: limits.max_frame_bytes,
+            threads: 0,
         }
     }
 }

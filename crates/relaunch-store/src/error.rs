@@ -87,6 +87,8 @@ pub enum StoreError {
     },
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: String, source: io::Error },
+    #[error("cannot start the store's threads: {0}")]
+    Start(io::Error),
     #[error("cannot resolve store address {addr}: {detail}")]
     Resolve { addr: String, detail: String },
     #[error("request refused before sending: {0}")]
@@ -100,9 +102,10 @@ impl StoreError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Timeout { .. } => ErrorKind::Timeout,
-            Self::Connect { .. } | Self::ConnectionLost { .. } | Self::Bind { .. } => {
-                ErrorKind::Connection
-            }
+            Self::Connect { .. }
+            | Self::ConnectionLost { .. }
+            | Self::Bind { .. }
+            | Self::Start(_) => ErrorKind::Connection,
             Self::BadReply { .. } => ErrorKind::Protocol,
             Self::Resolve { .. } | Self::Frame(_) => ErrorKind::InvalidInput,
             Self::QueueEmpty { .. } => ErrorKind::NotFound,

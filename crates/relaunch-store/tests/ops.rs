@@ -390,7 +390,8 @@ async fn the_client_connects_to_a_server_that_starts_late() {
     let server = relaunch_store::StoreServer::bind(&options)
         .await
         .unwrap()
-        .spawn();
+        .spawn()
+        .unwrap();
     let c = connecting.await.unwrap().unwrap();
     c.ping().await.unwrap();
     drop(server);
@@ -425,7 +426,8 @@ async fn localhost_listens_on_every_loopback_address() {
     let server = relaunch_store::StoreServer::bind(&options)
         .await
         .unwrap()
-        .spawn();
+        .spawn()
+        .unwrap();
     let port = server.port();
     for addr in server.local_addrs() {
         assert_eq!(addr.port(), port, "one port for every address");

@@ -11,9 +11,10 @@ const SET_OVERHEAD: usize = 1 + 8 + 8;
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let options = server_options(args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // The server runs on threads of its own; this runtime only binds and
+    // waits for a signal.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .thread_name("relaunch-store")
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
@@ -24,7 +25,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         for addr in server.local_addrs() {
             output::status(&format!("listening on {addr}"));
         }
-        server.serve_until(shutdown).await;
+        server.serve_until(shutdown).await?;
         Ok(())
     })
 }
@@ -48,6 +49,7 @@ fn server_options(args: &ServeArgs) -> anyhow::Result<ServerOptions> {
         host: args.host.clone(),
         port: args.port,
         limits,
+        threads: args.threads,
     })
 }
 

@@ -1,15 +1,21 @@
 //! One client connection: read what arrived, apply every whole request under
 //! one lock, write all replies in one go, and deliver deferred wait replies.
+//!
+//! The task ends when the peer leaves or breaks the protocol; at shutdown its
+//! shard drops it. Either way [`ConnGuard`] forgets the connection's waits.
 
+use std::future::poll_fn;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
+use atomic_waker::AtomicWaker;
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use tokio_util::io::poll_read_buf;
 
 use super::Shared;
 use crate::error::ProtocolError;
@@ -25,20 +31,21 @@ const MAX_RESERVE: usize = 1024 * 1024;
 /// that once moved a large value does not hold its memory forever.
 const KEEP_CAPACITY: usize = 256 * 1024;
 
-/// Wakes a connection whose WAIT or BARRIER was released by another one.
+/// Wakes a connection whose WAIT or BARRIER was released by another one,
+/// possibly on another shard's thread.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ConnSignal(Arc<SignalInner>);
 
 #[derive(Debug, Default)]
 struct SignalInner {
     released: AtomicBool,
-    notify: Notify,
+    waker: AtomicWaker,
 }
 
 impl Wake for ConnSignal {
     fn wake(&self) {
         self.0.released.store(true, Ordering::Release);
-        self.0.notify.notify_one();
+        self.0.waker.wake();
     }
 }
 
@@ -48,9 +55,25 @@ impl Signal for ConnSignal {
     }
 }
 
+impl ConnSignal {
+    /// Ready once a release is waiting to be taken.
+    fn poll_released(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.released.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.0.waker.register(cx.waker());
+        // A wake between the check and the registration must not be lost.
+        if self.0.released.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
 /// Why a connection ended, for the log.
 enum End {
-    /// The peer closed it, or the server is shutting down.
+    /// The peer closed it.
     Closed,
     /// The peer closed it in the middle of a request.
     Truncated(usize),
@@ -58,18 +81,18 @@ enum End {
     Protocol(ProtocolError),
 }
 
-/// Serves one connection until the peer leaves, breaks the protocol, or the
-/// server shuts down.
-pub(crate) async fn serve(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
+enum Event {
+    Released,
+    Read(std::io::Result<usize>),
+}
+
+/// Serves one connection until the peer leaves or breaks the protocol.
+pub(crate) async fn serve(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let conn = shared.open_connection();
-    // Whatever way this task ends, the connection's waits are forgotten.
+    // However this task ends (returning or dropped at shutdown), the
+    // connection's waits are forgotten.
     let _guard = ConnGuard {
-        shared: &shared,
+        shared: shared.clone(),
         conn,
     };
     let signal = ConnSignal::default();
@@ -81,26 +104,27 @@ pub(crate) async fn serve(
         if inbuf.capacity() - inbuf.len() < READ_CHUNK / 4 {
             inbuf.reserve(READ_CHUNK);
         }
-        tokio::select! {
-            () = shutdown.cancelled() => break End::Closed,
-            () = signal.0.notify.notified() => session.deliver_release(&mut out),
-            read = stream.read_buf(&mut inbuf) => match read {
-                Ok(0) if inbuf.is_empty() => break End::Closed,
-                Ok(0) => break End::Truncated(inbuf.len()),
-                Ok(_) => {
-                    if let Err(e) = process(&shared, &mut session, &mut inbuf, &mut out) {
-                        break End::Protocol(e);
-                    }
+        let event = poll_fn(|cx| {
+            if signal.poll_released(cx).is_ready() {
+                return Poll::Ready(Event::Released);
+            }
+            poll_read_buf(Pin::new(&mut stream), cx, &mut inbuf).map(Event::Read)
+        })
+        .await;
+        match event {
+            Event::Released => session.deliver_release(&mut out),
+            Event::Read(Ok(0)) if inbuf.is_empty() => break End::Closed,
+            Event::Read(Ok(0)) => break End::Truncated(inbuf.len()),
+            Event::Read(Ok(_)) => {
+                if let Err(e) = process(&shared, &mut session, &mut inbuf, &mut out) {
+                    break End::Protocol(e);
                 }
-                Err(e) => break End::Io(e),
-            },
+            }
+            Event::Read(Err(e)) => break End::Io(e),
         }
         if !out.is_empty() {
-            tokio::select! {
-                () = shutdown.cancelled() => break End::Closed,
-                written = stream.write_all(&out) => if let Err(e) = written {
-                    break End::Io(e);
-                },
+            if let Err(e) = stream.write_all(&out).await {
+                break End::Io(e);
             }
             out.clear();
             out.shrink_to(KEEP_CAPACITY);
@@ -166,12 +190,12 @@ fn reserve_for(inbuf: &mut BytesMut, needed: usize) {
     inbuf.reserve(needed.saturating_sub(inbuf.len()).min(MAX_RESERVE));
 }
 
-struct ConnGuard<'a> {
-    shared: &'a Shared,
+struct ConnGuard {
+    shared: Arc<Shared>,
     conn: ConnId,
 }
 
-impl Drop for ConnGuard<'_> {
+impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.shared.close_connection(self.conn);
     }

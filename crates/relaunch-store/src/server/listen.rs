@@ -5,7 +5,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use std::net::TcpListener;
 
 use crate::error::StoreError;
 
@@ -85,7 +85,7 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 fn bind_error(addr: SocketAddr, source: io::Error) -> StoreError {

@@ -1,4 +1,10 @@
-//! The TCPStore server: listeners, connection tasks and clean shutdown.
+//! The TCPStore server: listeners, shards of connections, clean shutdown.
+//!
+//! Connections are spread over shards, one thread each with a
+//! single-threaded runtime (thread per core): a request is read, applied and
+//! answered on one thread with no hand-off, and shards run in parallel. They
+//! share the store's state behind one lock, held per batch of requests.
+//! Shard 0 also accepts connections and deals them out in turn.
 
 mod conn;
 mod listen;
@@ -10,18 +16,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::error::StoreError;
 use crate::state::{ConnId, KvState};
 use crate::wire::Limits;
 use conn::ConnSignal;
 
-/// How long shutdown waits for connection tasks to finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Pause after the process runs out of descriptors, before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -34,6 +37,8 @@ pub struct ServerOptions {
     /// Port to listen on; 0 picks a free one.
     pub port: u16,
     pub limits: Limits,
+    /// Threads serving connections; 0 means one per CPU.
+    pub threads: usize,
 }
 
 /// A snapshot of a server's load, for logs and leak checks.
@@ -76,14 +81,16 @@ impl Shared {
 
 /// A bound server, not yet accepting.
 pub struct StoreServer {
-    listeners: Vec<TcpListener>,
+    listeners: Vec<std::net::TcpListener>,
     shared: Arc<Shared>,
+    threads: usize,
 }
 
 impl std::fmt::Debug for StoreServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreServer")
             .field("addrs", &self.local_addrs())
+            .field("threads", &self.threads)
             .finish_non_exhaustive()
     }
 }
@@ -95,6 +102,10 @@ impl StoreServer {
             tracing::debug!(limit, "open-file limit");
         }
         let listeners = listen::bind(options.host.as_deref(), options.port).await?;
+        let threads = match options.threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        };
         Ok(Self {
             listeners,
             shared: Arc::new(Shared {
@@ -103,6 +114,7 @@ impl StoreServer {
                 next_conn: AtomicU64::new(1),
                 connections: AtomicUsize::new(0),
             }),
+            threads,
         })
     }
 
@@ -120,57 +132,64 @@ impl StoreServer {
     }
 
     /// Serves until `shutdown` completes, then closes every connection.
-    pub async fn serve_until(self, shutdown: impl Future<Output = ()>) {
-        let token = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        for listener in self.listeners {
-            tracker.spawn(accept_loop(
-                listener,
-                self.shared.clone(),
-                token.clone(),
-                tracker.clone(),
-            ));
-        }
+    pub async fn serve_until(self, shutdown: impl Future<Output = ()>) -> Result<(), StoreError> {
+        let running = self.spawn()?;
         shutdown.await;
-        let stats = self.shared.stats();
+        let stats = running.stats();
         tracing::info!(
             connections = stats.connections,
             keys = stats.keys,
             pending_waits = stats.pending_waits,
             "store shutting down"
         );
-        token.cancel();
-        tracker.close();
-        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("connections still open after {SHUTDOWN_GRACE:?}; leaving them");
-        }
+        running.shutdown().await;
+        Ok(())
     }
 
-    /// Serves in a background task of the current runtime.
-    pub fn spawn(self) -> RunningServer {
+    /// Starts serving on threads of its own; does not need a runtime.
+    pub fn spawn(self) -> Result<RunningServer, StoreError> {
         let addrs = self.local_addrs();
-        let shared = self.shared.clone();
         let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(self.serve_until(async move { stopped.cancelled().await }));
-        RunningServer {
-            addrs,
-            shared,
-            stop,
-            task,
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..self.threads).map(|_| mpsc::unbounded_channel()).unzip();
+        let mut listeners = Some(self.listeners);
+        let mut done = Vec::with_capacity(self.threads);
+        for (index, connections) in receivers.into_iter().enumerate() {
+            let shard = Shard {
+                index,
+                shared: self.shared.clone(),
+                stop: stop.clone(),
+                connections,
+                acceptor: match index {
+                    0 => listeners.take().map(|l| (l, senders.clone())),
+                    _ => None,
+                },
+            };
+            let (finished, finished_rx) = oneshot::channel();
+            std::thread::Builder::new()
+                .name(format!("relaunch-store-{index}"))
+                .spawn(move || {
+                    shard.run();
+                    let _ = finished.send(());
+                })
+                .map_err(StoreError::Start)?;
+            done.push(finished_rx);
         }
+        Ok(RunningServer {
+            addrs,
+            shared: self.shared,
+            stop,
+            done,
+        })
     }
 }
 
-/// A server serving in the background; dropping it stops the server.
+/// A server serving on its own threads; dropping it stops the server.
 pub struct RunningServer {
     addrs: Vec<SocketAddr>,
     shared: Arc<Shared>,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    done: Vec<oneshot::Receiver<()>>,
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -194,10 +213,13 @@ impl RunningServer {
         self.shared.stats()
     }
 
-    /// Closes every connection and waits for the server to stop.
+    /// Stops accepting, closes every connection, and waits until the
+    /// server's threads are done.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        let _ = (&mut self.task).await;
+        for done in self.done.drain(..) {
+            let _ = done.await;
+        }
     }
 }
 
@@ -207,15 +229,97 @@ impl Drop for RunningServer {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// An accepted connection on its way to a shard.
+type Incoming = (std::net::TcpStream, SocketAddr);
+
+/// One serving thread and the connections dealt to it.
+struct Shard {
+    index: usize,
     shared: Arc<Shared>,
-    token: CancellationToken,
-    tracker: TaskTracker,
-) {
+    stop: CancellationToken,
+    connections: mpsc::UnboundedReceiver<Incoming>,
+    /// Shard 0 accepts for everyone.
+    acceptor: Option<(
+        Vec<std::net::TcpListener>,
+        Vec<mpsc::UnboundedSender<Incoming>>,
+    )>,
+}
+
+impl Shard {
+    fn run(mut self) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::error!(shard = self.index, error = %e, "cannot start a store thread");
+                return;
+            }
+        };
+        runtime.block_on(async {
+            if let Some((listeners, senders)) = self.acceptor.take() {
+                let dealer = Arc::new(Dealer {
+                    shared: self.shared.clone(),
+                    shards: senders,
+                    next: AtomicUsize::new(0),
+                });
+                for listener in listeners {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            tokio::spawn(accept_loop(listener, dealer.clone(), self.stop.clone()));
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot watch a listening socket"),
+                    }
+                }
+            }
+            loop {
+                let (stream, peer) = tokio::select! {
+                    () = self.stop.cancelled() => break,
+                    Some(incoming) = self.connections.recv() => incoming,
+                };
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => {
+                        drop(tokio::spawn(conn::serve(stream, peer, self.shared.clone())))
+                    }
+                    Err(e) => tracing::warn!(%peer, error = %e, "cannot serve a connection"),
+                }
+            }
+        });
+        // Dropping the runtime drops every connection task of this shard,
+        // which closes its socket and forgets its waits.
+        drop(runtime);
+    }
+}
+
+/// Deals accepted connections to the shards in turn. Lives on shard 0.
+struct Dealer {
+    shared: Arc<Shared>,
+    shards: Vec<mpsc::UnboundedSender<Incoming>>,
+    next: AtomicUsize,
+}
+
+impl Dealer {
+    fn deal(&self, stream: TcpStream, peer: SocketAddr) {
+        let shard = self.next.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        if shard == 0 {
+            tokio::spawn(conn::serve(stream, peer, self.shared.clone()));
+            return;
+        }
+        // Another shard's runtime must own the socket's registration.
+        match stream.into_std() {
+            Ok(stream) => {
+                let _ = self.shards[shard].send((stream, peer));
+            }
+            Err(e) => tracing::warn!(%peer, error = %e, "cannot hand a connection over"),
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, dealer: Arc<Dealer>, stop: CancellationToken) {
     loop {
         let accepted = tokio::select! {
-            () = token.cancelled() => return,
+            () = stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -223,14 +327,14 @@ async fn accept_loop(
                 if let Err(e) = stream.set_nodelay(true) {
                     tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
-                tracker.spawn(conn::serve(stream, peer, shared.clone(), token.clone()));
+                dealer.deal(stream, peer);
             }
             Err(e) if is_resource_exhaustion(&e) => {
                 // The pending connection stays queued; accept again once some
                 // descriptors are free instead of spinning.
                 tracing::warn!(
                     error = %e,
-                    connections = shared.connections.load(Ordering::Relaxed),
+                    connections = dealer.shared.connections.load(Ordering::Relaxed),
                     "cannot accept more connections; raise the open-file limit (ulimit -n)"
                 );
                 tokio::time::sleep(ACCEPT_BACKOFF).await;

@@ -20,8 +20,10 @@ pub async fn server_with(limits: Limits) -> RunningServer {
         host: Some("127.0.0.1".into()),
         port: 0,
         limits,
+        // Two shards, so that tests cross threads as production does.
+        threads: 2,
     };
-    StoreServer::bind(&options).await.unwrap().spawn()
+    StoreServer::bind(&options).await.unwrap().spawn().unwrap()
 }
 
 pub async fn client(server: &RunningServer) -> StoreClient {
