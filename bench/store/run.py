@@ -106,8 +106,7 @@ def main() -> None:
         print(f"# store benchmark, {os.cpu_count()} CPUs, median of {a.repeat}", flush=True)
         for op in ["add", "get"]:
             bench.measure(
-                f"latency {op}, torch Python client"
-                + (" (WAIT+GET)" if op == "get" else ""),
+                f"latency {op}, torch Python client" + (" (WAIT+GET)" if op == "get" else ""),
                 "us",
                 "lower",
                 ports,
@@ -140,9 +139,7 @@ def main() -> None:
                 "ops/s",
                 "higher",
                 ports,
-                lambda port, n=n: bench.rs(
-                    port, "throughput", "--clients", str(n), "--seconds", s
-                ),
+                lambda port, n=n: bench.rs(port, "throughput", "--clients", str(n), "--seconds", s),
                 "ops_per_s",
             )
         for n in storms:
