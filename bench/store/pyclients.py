@@ -6,6 +6,12 @@ them fit on a small machine); each child opens its own
 
     python pyclients.py throughput --port P --clients N [--seconds S]
     python pyclients.py latency --port P [--op add|get] [--iterations N]
+    python pyclients.py threads --port P --clients N --client torch|relaunch [--busy]
+
+`threads` runs N client threads in one process, optionally beside a Python
+thread that never blocks (as a training loop does): the case where a client
+that releases the GIL for every round trip waits a whole switch interval to
+get it back.
 """
 
 from __future__ import annotations
@@ -78,9 +84,49 @@ def throughput(port: int, clients: int, seconds: float) -> dict:
     return {"mode": "throughput", "clients": clients, "ops_per_s": total / seconds}
 
 
+def threads(port: int, clients: int, seconds: float, kind: str, busy: bool) -> dict:
+    import threading
+
+    if kind == "torch":
+        stores = [client(port) for _ in range(clients)]
+    else:
+        import relaunch
+
+        stores = [relaunch.Store("127.0.0.1", port, timeout=120) for _ in range(clients)]
+    stop = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    counts = [0] * clients
+    end = time.perf_counter() + seconds
+
+    def run(i: int) -> None:
+        s, n = stores[i], 0
+        while time.perf_counter() < end:
+            s.add("bench/threads", 1)
+            n += 1
+        counts[i] = n
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    spinner = threading.Thread(target=spin, daemon=True)
+    if busy:
+        spinner.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    return {"mode": "threads", "client": kind, "busy": busy, "ops_per_s": sum(counts) / seconds}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["latency", "throughput"])
+    p.add_argument("mode", choices=["latency", "throughput", "threads"])
+    p.add_argument("--client", choices=["torch", "relaunch"], default="torch")
+    p.add_argument("--busy", action="store_true")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--clients", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3.0)
@@ -89,6 +135,8 @@ def main() -> None:
     a = p.parse_args()
     if a.mode == "latency":
         out = latency(a.port, a.op, a.iterations)
+    elif a.mode == "threads":
+        out = threads(a.port, a.clients, a.seconds, a.client, a.busy)
     else:
         out = throughput(a.port, a.clients, a.seconds)
     print(json.dumps(out), flush=True)

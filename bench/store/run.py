@@ -60,10 +60,17 @@ class Bench:
 
     def measure(self, name: str, unit: str, better: str, ports: dict, make_cmd, key: str):
         """Runs `make_cmd(port)` against each server, alternately, and keeps the median."""
-        samples: dict[str, list[float]] = {server: [] for server in ports}
+        self.compare(
+            name, unit, better, {side: (lambda p=p: make_cmd(p)) for side, p in ports.items()}, key
+        )
+
+    def compare(self, name: str, unit: str, better: str, commands: dict, key: str):
+        """Runs each side's command, alternately, `repeat` times; keeps the medians.
+        The sides are "relaunch" and "torch"."""
+        samples: dict[str, list[float]] = {side: [] for side in commands}
         for _ in range(self.repeat):
-            for server, port in ports.items():
-                samples[server].append(run_json(make_cmd(port))[key])
+            for side, make in commands.items():
+                samples[side].append(run_json(make())[key])
         med = {server: statistics.median(v) for server, v in samples.items()}
         ours, theirs = med["relaunch"], med["torch"]
         ratio = ours / theirs if better == "higher" else theirs / ours
@@ -142,6 +149,26 @@ def main() -> None:
                 lambda port, n=n: bench.rs(port, "throughput", "--clients", str(n), "--seconds", s),
                 "ops_per_s",
             )
+        # The same server (ours), two clients: torch's and relaunch.Store, as
+        # threads of one process, beside a busy Python thread or not.
+        for busy in [False, True]:
+            for n in [1, 8]:
+                flags = ["--busy"] if busy else []
+
+                def side(kind, n=n, flags=flags):
+                    return lambda: bench.py(
+                        "threads", "--port", str(ports["relaunch"]), "--clients", str(n),
+                        "--seconds", s, "--client", kind, *flags,
+                    )  # fmt: skip
+
+                bench.compare(
+                    f"client threads: {n}, busy Python thread: {'yes' if busy else 'no'}"
+                    " (relaunch.Store vs torch's client, our server)",
+                    "ops/s",
+                    "higher",
+                    {"relaunch": side("relaunch"), "torch": side("torch")},
+                    "ops_per_s",
+                )
         for n in storms:
             bench.measure(
                 f"connection storm, {n} clients: all released after",

@@ -1,6 +1,7 @@
 //! `relaunch._native`: the Rust side of the Python package. Python classes in
 //! `python/relaunch/` wrap these objects; arguments are coerced there.
 
+mod blocking;
 mod errors;
 mod store;
 

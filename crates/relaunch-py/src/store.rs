@@ -11,13 +11,10 @@ use pyo3::types::PyBytes;
 use relaunch_store::{ClientOptions, StoreClient, StoreError};
 use tokio::runtime::Runtime;
 
-use crate::errors::store_error;
+use crate::blocking::{GilPolicy, block_on};
 
 /// What PyTorch's TCPStore client puts in front of every key.
 const KEY_PREFIX: &str = "/";
-
-/// How often a blocked call looks for Ctrl-C.
-const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 #[pyclass(module = "relaunch._native", frozen)]
 pub(crate) struct Store {
@@ -26,6 +23,7 @@ pub(crate) struct Store {
     runtime: Runtime,
     client: StoreClient,
     timeout: Duration,
+    gil: GilPolicy,
 }
 
 fn key(k: &str) -> String {
@@ -42,30 +40,7 @@ impl Store {
         T: Send,
         F: Future<Output = Result<T, StoreError>> + Send,
     {
-        block_on(py, &self.runtime, op)
-    }
-}
-
-/// Runs `op` on `runtime` with the GIL released, waking every
-/// [`SIGNAL_CHECK_INTERVAL`] so that Ctrl-C interrupts a long wait.
-fn block_on<T, F>(py: Python<'_>, runtime: &Runtime, op: F) -> PyResult<T>
-where
-    T: Send,
-    F: Future<Output = Result<T, StoreError>> + Send,
-{
-    let mut op = std::pin::pin!(op);
-    loop {
-        // The timer must be created inside the runtime.
-        let step = py.detach(|| {
-            runtime
-                .block_on(async { tokio::time::timeout(SIGNAL_CHECK_INTERVAL, op.as_mut()).await })
-        });
-        match step {
-            Ok(result) => return result.map_err(store_error),
-            // An interrupted call drops `op`; the client then replaces its
-            // connection on the next call.
-            Err(_) => py.check_signals()?,
-        }
+        block_on(py, &self.runtime, Some(&self.gil), op)
     }
 }
 
@@ -86,11 +61,17 @@ impl Store {
             connect_timeout: timeout,
             ..ClientOptions::default()
         };
-        let client = block_on(py, &runtime, StoreClient::connect(host, port, options))?;
+        let client = block_on(
+            py,
+            &runtime,
+            None,
+            StoreClient::connect(host, port, options),
+        )?;
         Ok(Self {
             runtime,
             client,
             timeout,
+            gil: GilPolicy::default(),
         })
     }
 
