@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use relaunch_store::wire::{Limits, Request, VALIDATION_MAGIC};
 use relaunch_store::{ClientOptions, StoreClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 #[derive(Parser)]
 struct Args {
@@ -121,22 +124,51 @@ async fn latency(host: &str, port: u16, op: Op, iterations: usize) -> anyhow::Re
     ))
 }
 
+/// Opens a raw connection and does the VALIDATE/PING handshake.
+async fn raw_connection(host: &str, port: u16) -> anyhow::Result<TcpStream> {
+    let mut stream = TcpStream::connect((host, port)).await?;
+    stream.set_nodelay(true)?;
+    let mut hello = Vec::new();
+    let limits = Limits::default();
+    Request::Validate {
+        magic: VALIDATION_MAGIC,
+    }
+    .encode(&limits, &mut hello)?;
+    Request::Ping { nonce: 7 }.encode(&limits, &mut hello)?;
+    stream.write_all(&hello).await?;
+    let mut nonce = [0u8; 4];
+    stream.read_exact(&mut nonce).await?;
+    anyhow::ensure!(u32::from_le_bytes(nonce) == 7, "bad PING reply");
+    Ok(stream)
+}
+
+/// Each client sends ADD and reads its 8-byte reply, one request in flight
+/// per connection as real clients do, with nothing else on the path (no
+/// timers, no locks): the generator costs as little as a client can.
 async fn throughput(host: &str, port: u16, clients: usize, seconds: f64) -> anyhow::Result<String> {
     let mut conns = Vec::with_capacity(clients);
     for _ in 0..clients {
-        conns.push(StoreClient::connect(host, port, options()).await?);
+        conns.push(raw_connection(host, port).await?);
     }
     let ops = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
-    for (i, c) in conns.into_iter().enumerate() {
+    for (i, mut stream) in conns.into_iter().enumerate() {
         let (ops, stop) = (ops.clone(), stop.clone());
+        let mut request = Vec::new();
+        let key = format!("bench/throughput/{}", i % 16);
+        Request::Add {
+            key: key.as_bytes(),
+            delta: 1,
+        }
+        .encode(&Limits::default(), &mut request)?;
         tasks.push(tokio::spawn(async move {
-            let key = format!("bench/throughput/{}", i % 16);
+            let mut reply = [0u8; 8];
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                c.add(&key, 1).await?;
+                stream.write_all(&request).await?;
+                stream.read_exact(&mut reply).await?;
                 n += 1;
             }
             ops.fetch_add(n, Ordering::Relaxed);

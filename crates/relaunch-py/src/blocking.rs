@@ -29,28 +29,42 @@ const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest a call keeps the GIL before it releases it.
 const GIL_HOLD: Duration = Duration::from_millis(1);
 
-/// Taking the GIL back slower than this means another thread competes for it.
-const CONTENDED: Duration = Duration::from_millis(1);
+/// A wait for the GIL longer than this share of the interpreter's switch
+/// interval means another thread held it until it was forced to let go,
+/// which is what a busy thread does; shorter waits are threads taking turns
+/// or the OS scheduling the caller late.
+const CONTENDED_SHARE: f64 = 0.8;
 
 /// While holding, one call in this many releases the GIL again to see
 /// whether the competition is still there.
 const PROBE_EVERY: u32 = 256;
 
 /// Whether calls keep the GIL through short round trips; learnt per client.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct GilPolicy {
     hold: AtomicBool,
     calls: AtomicU32,
+    contended: Duration,
 }
 
 impl GilPolicy {
+    /// A policy for an interpreter whose switch interval is `switch_interval`
+    /// (`sys.getswitchinterval()`).
+    pub(crate) fn new(switch_interval: Duration) -> Self {
+        Self {
+            hold: AtomicBool::new(false),
+            calls: AtomicU32::new(0),
+            contended: switch_interval.mul_f64(CONTENDED_SHARE),
+        }
+    }
+
     fn should_hold(&self) -> bool {
         self.hold.load(Ordering::Relaxed)
             && self.calls.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY != PROBE_EVERY - 1
     }
 
     fn observe_reacquire(&self, waited: Duration) {
-        self.hold.store(waited > CONTENDED, Ordering::Relaxed);
+        self.hold.store(waited > self.contended, Ordering::Relaxed);
     }
 }
 

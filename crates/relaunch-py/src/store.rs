@@ -44,6 +44,15 @@ impl Store {
     }
 }
 
+/// The interpreter's GIL switch interval, `sys.getswitchinterval()`.
+fn switch_interval(py: Python<'_>) -> PyResult<Duration> {
+    let seconds: f64 = py
+        .import("sys")?
+        .call_method0("getswitchinterval")?
+        .extract()?;
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 fn seconds(timeout: Option<f64>, default: Duration) -> Duration {
     timeout.map_or(default, Duration::from_secs_f64)
 }
@@ -71,7 +80,7 @@ impl Store {
             runtime,
             client,
             timeout,
-            gil: GilPolicy::default(),
+            gil: GilPolicy::new(switch_interval(py)?),
         })
     }
 

@@ -30,7 +30,8 @@ const CONNECT_RETRY_MAX: Duration = Duration::from_secs(1);
 /// How a client connects and how long it waits.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
-    /// Deadline for each call, and for WAIT and BARRIER unless given one.
+    /// Deadline for each call; also how long `get`, `multi_get` and a
+    /// blocking `queue_pop` wait for their keys, as in PyTorch.
     pub timeout: Duration,
     /// How long to keep retrying the first connection (a server that is
     /// still starting refuses it).
@@ -338,9 +339,11 @@ impl StoreClient {
         request: &Request<'_>,
         read: impl AsyncFnOnce(&mut Connection, Instant) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.options.timeout;
         let mut slot = self.conn.lock().await;
         let conn = self.ready(&mut slot).await?;
+        // The call's time starts once it has a connection (a reconnect has
+        // its own deadline).
+        let deadline = Instant::now() + self.options.timeout;
         let result = async {
             conn.send(request, &self.options.limits, deadline).await?;
             read(conn, deadline).await
@@ -358,9 +361,9 @@ impl StoreClient {
         timeout: Duration,
         what: impl FnOnce() -> String,
     ) -> Result<(), StoreError> {
-        let deadline = Instant::now() + timeout;
         let mut slot = self.conn.lock().await;
         let conn = self.ready(&mut slot).await?;
+        let deadline = Instant::now() + timeout;
         // Ok(true): released; Ok(false): timed out and cancelled cleanly.
         let released = async {
             conn.send(request, &self.options.limits, deadline).await?;
@@ -507,7 +510,7 @@ impl StoreClient {
 
 /// One TCP connection and its buffers.
 #[derive(Debug)]
-pub struct Connection {
+pub(crate) struct Connection {
     stream: TcpStream,
     addr: String,
     rbuf: BytesMut,

@@ -453,3 +453,24 @@ async fn shutdown_closes_connections_and_clients_see_it() {
     let err = c.add("x", 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
 }
+
+#[tokio::test]
+async fn ipv6_loopback_works_where_the_machine_has_it() {
+    let options = relaunch_store::ServerOptions {
+        host: Some("::1".into()),
+        port: 0,
+        ..Default::default()
+    };
+    let server = match relaunch_store::StoreServer::bind(&options).await {
+        Ok(server) => server.spawn().unwrap(),
+        Err(e) => {
+            eprintln!("skipped: no IPv6 loopback here ({e})");
+            return;
+        }
+    };
+    assert!(server.local_addrs().iter().all(|a| a.is_ipv6()));
+    let c = relaunch_store::StoreClient::connect("::1", server.port(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(c.add("v6", 1).await.unwrap(), 1);
+}
