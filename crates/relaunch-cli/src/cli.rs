@@ -72,7 +72,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_frame_bytes: usize,
 
-    /// Threads serving connections [default: one per CPU].
+    /// Threads serving connections [default: one per CPU, at most 16].
     #[arg(long, default_value_t = 0, hide_default_value = true, value_name = "N")]
     pub threads: usize,
 }

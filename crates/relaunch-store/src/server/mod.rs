@@ -25,6 +25,10 @@ use crate::state::{ConnId, KvState};
 use crate::wire::Limits;
 use conn::ConnSignal;
 
+/// Default shard count on big machines: every request is applied under the
+/// one state lock, so shards beyond this add lock traffic, not throughput.
+const MAX_DEFAULT_THREADS: usize = 16;
+
 /// Pause after the process runs out of descriptors, before accepting again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -37,7 +41,7 @@ pub struct ServerOptions {
     /// Port to listen on; 0 picks a free one.
     pub port: u16,
     pub limits: Limits,
-    /// Threads serving connections; 0 means one per CPU.
+    /// Threads serving connections; 0 means one per CPU, at most 16.
     pub threads: usize,
 }
 
@@ -103,7 +107,9 @@ impl StoreServer {
         }
         let listeners = listen::bind(options.host.as_deref(), options.port).await?;
         let threads = match options.threads {
-            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            0 => std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .min(MAX_DEFAULT_THREADS),
             n => n,
         };
         Ok(Self {
