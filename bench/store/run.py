@@ -9,7 +9,9 @@ median is reported. Loads:
 - torch's Python client (`pyclients.py`): N forked processes, one
   `torch.distributed.TCPStore` client each;
 - `store-load` (Rust, one process, one thread): N wire-protocol clients.
-Results go to stdout as a markdown table and to bench/out/store.json.
+Results go to stdout as a markdown table and to bench/out/store.json. The
+ratio is relaunch's advantage: above 1 means relaunch is faster (more ops/s,
+or fewer microseconds or seconds).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from conftest import TorchServer  # noqa: E402
 from relaunch._subprocess import StoreProcess  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+
+
+def fmt(value: float, unit: str) -> str:
+    digits = {"s": 3, "us": 1}.get(unit, 0)
+    return f"{value:,.{digits}f} {unit}"
 
 
 def build_load_generator() -> Path:
@@ -77,7 +84,7 @@ class Bench:
         row = dict(name=name, unit=unit, relaunch=ours, torch=theirs, ratio=ratio, samples=samples)
         self.rows.append(row)
         print(
-            f"{name:<52} relaunch {ours:>12,.1f}  torch {theirs:>12,.1f} {unit:<6} "
+            f"{name:<52} relaunch {fmt(ours, unit)}  torch {fmt(theirs, unit)}  "
             f"ratio {ratio:5.2f}x",
             flush=True,
         )
@@ -195,7 +202,7 @@ def main() -> None:
     print("\n| workload | relaunch | torch | ratio |\n|---|---|---|---|")
     for r in bench.rows:
         print(
-            f"| {r['name']} | {r['relaunch']:,.1f} {r['unit']} | {r['torch']:,.1f} {r['unit']} "
+            f"| {r['name']} | {fmt(r['relaunch'], r['unit'])} | {fmt(r['torch'], r['unit'])} "
             f"| {r['ratio']:.2f}x |"
         )
 
