@@ -96,8 +96,7 @@ impl StoreClient {
             key: key.as_ref(),
             value: value.as_ref(),
         };
-        self.call(&request, async |_: &mut Connection, _| Ok(()))
-            .await
+        self.send_only(&request).await
     }
 
     /// Waits for `key` (up to the client's timeout), then returns its value,
@@ -225,8 +224,7 @@ impl StoreClient {
             key: key.as_ref(),
             value: value.as_ref(),
         };
-        self.call(&request, async |_: &mut Connection, _| Ok(()))
-            .await
+        self.send_only(&request).await
     }
 
     /// Waits for every key (up to the client's timeout), then returns their
@@ -256,8 +254,7 @@ impl StoreClient {
                 .map(|(k, v)| (k.as_ref(), v.as_ref()))
                 .collect(),
         };
-        self.call(&request, async |_: &mut Connection, _| Ok(()))
-            .await
+        self.send_only(&request).await
     }
 
     pub async fn queue_push(
@@ -269,8 +266,7 @@ impl StoreClient {
             key: key.as_ref(),
             value: value.as_ref(),
         };
-        self.call(&request, async |_: &mut Connection, _| Ok(()))
-            .await
+        self.send_only(&request).await
     }
 
     /// Pops the oldest item of queue `key`. With `block`, first waits (up to
@@ -330,6 +326,12 @@ impl StoreClient {
             }
         })
         .await
+    }
+
+    /// Sends a request that has no reply (SET, APPEND, MULTI_SET, QUEUE_PUSH).
+    async fn send_only(&self, request: &Request<'_>) -> Result<(), StoreError> {
+        self.call(request, async |_: &mut Connection, _| Ok(()))
+            .await
     }
 
     /// Sends `request` and reads its reply with `read`, within the client's
