@@ -2,13 +2,16 @@
 
 __version__: str
 
-def cli_main(argv: list[str]) -> int:
-    """Run the ``relaunch`` command line (program name first); return its exit code."""
+def cli_main(argv: list[str], python: str | None = None) -> int:
+    """Run the ``relaunch`` command line (program name first); return its exit code.
+
+    ``python`` is the interpreter that ``relaunch run`` starts workers with.
+    """
 
 class Store:
-    """Blocking TCPStore client; keys get PyTorch's ``/`` prefix."""
+    """Blocking TCPStore client; every key gets ``prefix`` (PyTorch's is ``/``)."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None: ...
+    def __init__(self, host: str, port: int, timeout: float, prefix: str = "/") -> None: ...
     @property
     def timeout(self) -> float: ...
     def set(self, key: str, value: bytes) -> None: ...

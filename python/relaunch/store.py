@@ -60,10 +60,11 @@ def _bytes(value: object, what: str = "value") -> bytes:
 class Store:
     """A connection to a TCPStore-compatible server.
 
-    Connecting retries until ``timeout`` so that a store that is still starting
-    is waited for. Each call is bounded by ``timeout`` too; ``wait`` and
-    ``barrier`` take their own. Calls release the GIL and can be interrupted
-    with Ctrl-C.
+    Every key gets ``prefix`` in front of it on the wire; the default ``"/"``
+    is what torch's client adds, so both share keys. Connecting retries until
+    ``timeout`` so that a store that is still starting is waited for. Each
+    call is bounded by ``timeout`` too; ``wait`` and ``barrier`` take their
+    own. Calls release the GIL and can be interrupted with Ctrl-C.
 
     Raises :class:`~relaunch.StoreConnectionError` when the store cannot be
     reached or the connection breaks (the next call reconnects),
@@ -72,14 +73,23 @@ class Store:
     store's limits (8 KiB keys, 8 MiB values, as PyTorch).
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float | timedelta = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float | timedelta = DEFAULT_TIMEOUT,
+        prefix: str = "/",
+    ):
         if not isinstance(host, str) or not host:
             raise TypeError(f"host must be a non-empty str, not {host!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
         self._host = host
         self._port = port
-        self._native = _native.Store(host, port, _seconds(timeout))
+        self._native = _native.Store(host, port, _seconds(timeout), prefix)
 
     @property
     def host(self) -> str:

@@ -1,7 +1,7 @@
 //! `relaunch._native.Store`: a blocking client over the async Rust client.
 //!
-//! Keys get PyTorch's `/` prefix, so this client and `torch.distributed.TCPStore`
-//! see the same keys on the same server.
+//! Keys get a prefix, PyTorch's `/` unless told otherwise, so that this
+//! client and `torch.distributed.TCPStore` see the same keys on one server.
 
 use std::future::Future;
 use std::time::Duration;
@@ -13,9 +13,6 @@ use tokio::runtime::Runtime;
 
 use crate::blocking::{GilPolicy, block_on};
 
-/// What PyTorch's TCPStore client puts in front of every key.
-const KEY_PREFIX: &str = "/";
-
 #[pyclass(module = "relaunch._native", frozen)]
 pub(crate) struct Store {
     /// A runtime of its own, without threads: calls run on the caller's
@@ -24,17 +21,19 @@ pub(crate) struct Store {
     client: StoreClient,
     timeout: Duration,
     gil: GilPolicy,
-}
-
-fn key(k: &str) -> String {
-    format!("{KEY_PREFIX}{k}")
-}
-
-fn keys(ks: &[String]) -> Vec<String> {
-    ks.iter().map(|k| key(k)).collect()
+    /// Put in front of every key on the wire.
+    prefix: String,
 }
 
 impl Store {
+    fn key(&self, k: &str) -> String {
+        format!("{}{k}", self.prefix)
+    }
+
+    fn keys(&self, ks: &[String]) -> Vec<String> {
+        ks.iter().map(|k| self.key(k)).collect()
+    }
+
     fn block<T, F>(&self, py: Python<'_>, op: F) -> PyResult<T>
     where
         T: Send,
@@ -60,7 +59,14 @@ fn seconds(timeout: Option<f64>, default: Duration) -> Duration {
 #[pymethods]
 impl Store {
     #[new]
-    fn new(py: Python<'_>, host: String, port: u16, timeout: f64) -> PyResult<Self> {
+    #[pyo3(signature = (host, port, timeout, prefix=String::from("/")))]
+    fn new(
+        py: Python<'_>,
+        host: String,
+        port: u16,
+        timeout: f64,
+        prefix: String,
+    ) -> PyResult<Self> {
         let timeout = Duration::from_secs_f64(timeout);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -81,6 +87,7 @@ impl Store {
             client,
             timeout,
             gil: GilPolicy::new(switch_interval(py)?),
+            prefix,
         })
     }
 
@@ -90,16 +97,16 @@ impl Store {
     }
 
     fn set(&self, py: Python<'_>, key: &str, value: Vec<u8>) -> PyResult<()> {
-        self.block(py, self.client.set(self::key(key), value))
+        self.block(py, self.client.set(self.key(key), value))
     }
 
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let value = self.block(py, self.client.get(self::key(key)))?;
+        let value = self.block(py, self.client.get(self.key(key)))?;
         Ok(PyBytes::new(py, &value))
     }
 
     fn add(&self, py: Python<'_>, key: &str, amount: i64) -> PyResult<i64> {
-        self.block(py, self.client.add(self::key(key), amount))
+        self.block(py, self.client.add(self.key(key), amount))
     }
 
     fn compare_set<'py>(
@@ -111,7 +118,7 @@ impl Store {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let value = self.block(
             py,
-            self.client.compare_set(self::key(key), expected, desired),
+            self.client.compare_set(self.key(key), expected, desired),
         )?;
         Ok(PyBytes::new(py, &value))
     }
@@ -119,15 +126,15 @@ impl Store {
     #[pyo3(signature = (keys, timeout=None))]
     fn wait(&self, py: Python<'_>, keys: Vec<String>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = seconds(timeout, self.timeout);
-        self.block(py, self.client.wait(&self::keys(&keys), timeout))
+        self.block(py, self.client.wait(&self.keys(&keys), timeout))
     }
 
     fn check(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<bool> {
-        self.block(py, self.client.check(&self::keys(&keys)))
+        self.block(py, self.client.check(&self.keys(&keys)))
     }
 
     fn delete_key(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        self.block(py, self.client.delete_key(self::key(key)))
+        self.block(py, self.client.delete_key(self.key(key)))
     }
 
     fn num_keys(&self, py: Python<'_>) -> PyResult<i64> {
@@ -135,7 +142,7 @@ impl Store {
     }
 
     fn append(&self, py: Python<'_>, key: &str, value: Vec<u8>) -> PyResult<()> {
-        self.block(py, self.client.append(self::key(key), value))
+        self.block(py, self.client.append(self.key(key), value))
     }
 
     fn multi_get<'py>(
@@ -143,12 +150,13 @@ impl Store {
         py: Python<'py>,
         keys: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let values = self.block(py, self.client.multi_get(&self::keys(&keys)))?;
+        let values = self.block(py, self.client.multi_get(&self.keys(&keys)))?;
         Ok(values.iter().map(|v| PyBytes::new(py, v)).collect())
     }
 
     fn multi_set(&self, py: Python<'_>, pairs: Vec<(String, Vec<u8>)>) -> PyResult<()> {
-        let pairs: Vec<(String, Vec<u8>)> = pairs.into_iter().map(|(k, v)| (key(&k), v)).collect();
+        let pairs: Vec<(String, Vec<u8>)> =
+            pairs.into_iter().map(|(k, v)| (self.key(&k), v)).collect();
         self.block(py, self.client.multi_set(&pairs))
     }
 
@@ -161,11 +169,11 @@ impl Store {
         timeout: Option<f64>,
     ) -> PyResult<()> {
         let timeout = seconds(timeout, self.timeout);
-        self.block(py, self.client.barrier(self::key(key), world_size, timeout))
+        self.block(py, self.client.barrier(self.key(key), world_size, timeout))
     }
 
     fn queue_push(&self, py: Python<'_>, key: &str, value: Vec<u8>) -> PyResult<()> {
-        self.block(py, self.client.queue_push(self::key(key), value))
+        self.block(py, self.client.queue_push(self.key(key), value))
     }
 
     fn queue_pop<'py>(
@@ -174,12 +182,12 @@ impl Store {
         key: &str,
         block: bool,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let value = self.block(py, self.client.queue_pop(self::key(key), block))?;
+        let value = self.block(py, self.client.queue_pop(self.key(key), block))?;
         Ok(PyBytes::new(py, &value))
     }
 
     fn queue_len(&self, py: Python<'_>, key: &str) -> PyResult<i64> {
-        self.block(py, self.client.queue_len(self::key(key)))
+        self.block(py, self.client.queue_len(self.key(key)))
     }
 
     /// Keys with values, without the prefix; keys written by clients that
@@ -190,7 +198,9 @@ impl Store {
             .iter()
             .map(|k| {
                 let k = String::from_utf8_lossy(k);
-                k.strip_prefix(KEY_PREFIX).unwrap_or(&k).to_owned()
+                k.strip_prefix(self.prefix.as_str())
+                    .unwrap_or(&k)
+                    .to_owned()
             })
             .collect())
     }

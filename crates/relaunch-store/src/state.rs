@@ -287,6 +287,15 @@ impl<W: Wake> KvState<W> {
         self.queues.get(key).map_or(0, VecDeque::len)
     }
 
+    /// Deletes every value and queue whose key fails `keep`; returns how
+    /// many went. Releases no one, like DELETE_KEY.
+    pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) -> usize {
+        let before = self.values.len() + self.queues.len();
+        self.values.retain(|k, _| keep(k));
+        self.queues.retain(|k, _| keep(k));
+        before - self.values.len() - self.queues.len()
+    }
+
     /// Keys with values, in no particular order.
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &[u8]> {
         self.values.keys().map(|k| &**k)
@@ -519,6 +528,17 @@ mod tests {
         assert_eq!(s.get(b"b"), b"3");
         s.set(b"x", b"not a number");
         assert!(s.barrier(4, b"x", 2, Count::default()).is_err());
+    }
+
+    #[test]
+    fn retain_keys_keeps_what_matches() {
+        let mut s = KvState::<Count>::new();
+        s.set(b"relaunch/a", b"");
+        s.set(b"/worker/x", b"");
+        s.queue_push(b"/q", b"1");
+        assert_eq!(s.retain_keys(|k| k.starts_with(b"relaunch/")), 2);
+        assert_eq!(s.keys().collect::<Vec<_>>(), [b"relaunch/a".as_slice()]);
+        assert_eq!(s.queue_len(b"/q"), 0);
     }
 
     #[test]

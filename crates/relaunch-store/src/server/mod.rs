@@ -219,6 +219,12 @@ impl RunningServer {
         self.shared.stats()
     }
 
+    /// Deletes every key (and queue) for which `keep` is false; returns how
+    /// many went. For a host that reuses one store across jobs or attempts.
+    pub fn retain_keys(&self, keep: impl FnMut(&[u8]) -> bool) -> usize {
+        self.shared.state.lock().retain_keys(keep)
+    }
+
     /// Stops accepting, closes every connection, and waits until the
     /// server's threads are done.
     pub async fn shutdown(mut self) {
