@@ -14,6 +14,17 @@ from relaunch.errors import (
 )
 from relaunch.store import Store
 
+
+def __getattr__(name: str):
+    # `relaunch.preemption` installs signal handlers, so it loads only when
+    # used, not with `import relaunch`.
+    if name == "preemption":
+        import importlib
+
+        return importlib.import_module("relaunch.preemption")
+    raise AttributeError(f"module 'relaunch' has no attribute {name!r}")
+
+
 __all__ = [
     "QueueEmptyError",
     "RelaunchError",

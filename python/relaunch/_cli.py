@@ -10,4 +10,4 @@ def main() -> None:
     # The Rust side handles SIGINT itself (to stop servers cleanly), so
     # Python's KeyboardInterrupt handler must not sit in front of it.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    sys.exit(_native.cli_main(["relaunch", *sys.argv[1:]]))
+    sys.exit(_native.cli_main(["relaunch", *sys.argv[1:]], sys.executable))

@@ -1,7 +1,11 @@
 //! The command line's shape: clap derive structs, with defaults that tests
 //! can build directly.
 
-use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use relaunch_launch::config::{DEFAULT_SIGNALS, NProc, NodeRange, StreamSpec};
 
 use crate::size::parse_size;
 
@@ -30,9 +34,242 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Launch a distributed job, like torchrun (same flags, same worker environment).
+    Run(Box<RunArgs>),
     /// The rendezvous store: a key-value server that PyTorch's TCPStore clients use unmodified.
     #[command(subcommand)]
     Store(StoreCommand),
+}
+
+/// `--rdzv-backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RdzvBackend {
+    /// Fixed nodes: node 0 hosts the store at --master-addr:--master-port.
+    Static,
+    /// Nodes join through relaunch's store at --rdzv-endpoint (MIN:MAX nodes).
+    C10d,
+}
+
+/// Options of `relaunch run`: torchrun's, under the same names (both
+/// `--nproc-per-node` and `--nproc_per_node`, and `PET_*` variables).
+#[derive(Clone, Debug, Args)]
+#[command(
+    after_help = "Exit codes: 0 success; 1 workers failed (no restart left); 2 bad arguments; \
+                  75 stopped by a signal with every worker exiting cleanly (preempted: requeue); \
+                  128+N stopped by signal N with workers that did not exit cleanly."
+)]
+pub struct RunArgs {
+    /// Number of nodes, or MIN:MAX for an elastic job.
+    #[arg(
+        long,
+        env = "PET_NNODES",
+        default_value = "1:1",
+        value_name = "N|MIN:MAX"
+    )]
+    pub nnodes: NodeRange,
+
+    /// Workers per node: a number, auto, cpu or gpu.
+    #[arg(
+        long = "nproc-per-node",
+        visible_alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        default_value = "1",
+        value_name = "N"
+    )]
+    pub nproc_per_node: NProc,
+
+    /// Rank of this node (static rendezvous).
+    #[arg(
+        long = "node-rank",
+        visible_alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value_t = 0,
+        value_name = "RANK"
+    )]
+    pub node_rank: usize,
+
+    /// Address of node 0, which hosts the store (static rendezvous).
+    #[arg(
+        long = "master-addr",
+        visible_alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        value_name = "HOST"
+    )]
+    pub master_addr: Option<String>,
+
+    /// Port of the store on node 0 (static rendezvous) [default: a free port on a single node, else 29500].
+    #[arg(
+        long = "master-port",
+        visible_alias = "master_port",
+        env = "PET_MASTER_PORT",
+        value_name = "PORT"
+    )]
+    pub master_port: Option<u16>,
+
+    /// Rendezvous backend: static, or c10d (relaunch's store, elastic).
+    #[arg(
+        long = "rdzv-backend",
+        visible_alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        value_enum,
+        default_value = "static"
+    )]
+    pub rdzv_backend: RdzvBackend,
+
+    /// HOST:PORT of the rendezvous store (c10d); the launcher on HOST hosts it.
+    #[arg(
+        long = "rdzv-endpoint",
+        visible_alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        value_name = "HOST:PORT"
+    )]
+    pub rdzv_endpoint: Option<String>,
+
+    /// Job id shared by all nodes (TORCHELASTIC_RUN_ID).
+    #[arg(
+        long = "rdzv-id",
+        visible_alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        value_name = "ID"
+    )]
+    pub rdzv_id: Option<String>,
+
+    /// Rendezvous settings: KEY=VALUE,... (join_timeout, last_call_timeout, ...).
+    #[arg(
+        long = "rdzv-conf",
+        visible_alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = "",
+        value_name = "CONF"
+    )]
+    pub rdzv_conf: String,
+
+    /// One node with a store on a free port; overrides the rendezvous options.
+    #[arg(long, env = "PET_STANDALONE")]
+    pub standalone: bool,
+
+    /// The job's id, stable across restarts and relaunches (same as --rdzv-id) [default: $RELAUNCH_RUN_ID, else new].
+    #[arg(long = "run-id", value_name = "ID")]
+    pub run_id: Option<String>,
+
+    /// Restarts of all workers after a failure before giving up.
+    #[arg(
+        long = "max-restarts",
+        visible_alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub max_restarts: u32,
+
+    /// Seconds between health checks of the other nodes (elastic jobs).
+    #[arg(
+        long = "monitor-interval",
+        visible_alias = "monitor_interval",
+        env = "PET_MONITOR_INTERVAL",
+        default_value_t = 0.1,
+        value_name = "SECONDS"
+    )]
+    pub monitor_interval: f64,
+
+    /// Seconds from forwarding a stop signal to SIGKILL [default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30].
+    #[arg(
+        long = "shutdown-timeout",
+        visible_alias = "shutdown_timeout",
+        value_name = "SECONDS"
+    )]
+    pub shutdown_timeout: Option<f64>,
+
+    /// Signals to pass on to every worker (SIGUSR1/SIGUSR2 are passed on without stopping the job).
+    #[arg(long = "signals-to-handle", visible_alias = "signals_to_handle", env = "PET_SIGNALS_TO_HANDLE", default_value = DEFAULT_SIGNALS, value_name = "SIGNALS")]
+    pub signals_to_handle: String,
+
+    /// Role of the workers (ROLE_NAME).
+    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    pub role: String,
+
+    /// Directory for per-attempt, per-rank logs [default: a temporary one, kept on failure].
+    #[arg(
+        long = "log-dir",
+        visible_alias = "log_dir",
+        env = "PET_LOG_DIR",
+        value_name = "DIR"
+    )]
+    pub log_dir: Option<PathBuf>,
+
+    /// Streams to keep out of the console (log files only): 0 none, 1 stdout, 2 stderr, 3 both, or 0:1,1:2.
+    #[arg(
+        short = 'r',
+        long,
+        env = "PET_REDIRECTS",
+        default_value = "0",
+        value_name = "SPEC"
+    )]
+    pub redirects: StreamSpec,
+
+    /// Streams to show on the console and write to log files (the default for all streams).
+    #[arg(
+        short = 't',
+        long,
+        env = "PET_TEE",
+        default_value = "0",
+        value_name = "SPEC"
+    )]
+    pub tee: StreamSpec,
+
+    /// Console line prefix; ${role_name}, ${rank}, ${local_rank}, ${hostname} [default: [${role_name}${local_rank}]:].
+    #[arg(
+        long = "log-line-prefix-template",
+        visible_alias = "log_line_prefix_template",
+        env = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        value_name = "TEMPLATE"
+    )]
+    pub log_line_prefix_template: Option<String>,
+
+    /// Show only these local ranks on the console, e.g. 0 or 0,1 (log files keep all).
+    #[arg(
+        long = "local-ranks-filter",
+        visible_alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        value_name = "RANKS"
+    )]
+    pub local_ranks_filter: Option<String>,
+
+    /// Address of this node for other nodes [default: its hostname].
+    #[arg(
+        long = "local-addr",
+        visible_alias = "local_addr",
+        env = "PET_LOCAL_ADDR",
+        value_name = "HOST"
+    )]
+    pub local_addr: Option<String>,
+
+    /// Accepted for torchrun compatibility; a script always runs in new processes.
+    #[arg(long = "start-method", visible_alias = "start_method", value_parser = ["spawn", "fork", "forkserver"], hide = true)]
+    pub start_method: Option<String>,
+
+    /// Run the training script as a Python module (python -m).
+    #[arg(short = 'm', long)]
+    pub module: bool,
+
+    /// Run the training script directly, without python.
+    #[arg(long = "no-python", visible_alias = "no_python")]
+    pub no_python: bool,
+
+    /// Accepted for torchrun compatibility; the script runs under python as usual.
+    #[arg(long = "run-path", visible_alias = "run_path", hide = true)]
+    pub run_path: bool,
+
+    /// The training script (or module, or program), then its own arguments.
+    #[arg(value_name = "TRAINING_SCRIPT", required = true)]
+    pub training_script: OsString,
+
+    #[arg(
+        value_name = "ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub training_script_args: Vec<OsString>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -105,7 +342,38 @@ mod tests {
     #[test]
     fn defaults_agree_with_the_parser() {
         let cli = Cli::try_parse_from(["relaunch", "store", "serve"]).unwrap();
-        let Command::Store(StoreCommand::Serve(args)) = cli.command;
+        let Command::Store(StoreCommand::Serve(args)) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
         assert_eq!(args, ServeArgs::default());
+    }
+
+    #[test]
+    fn run_takes_torchrun_spellings_and_leaves_script_flags_alone() {
+        let cli = Cli::try_parse_from([
+            "relaunch",
+            "run",
+            "--nproc_per_node",
+            "2",
+            "--max-restarts=3",
+            "-t",
+            "3",
+            "train.py",
+            "--lr",
+            "0.1",
+            "--nproc-per-node",
+            "9",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(args.nproc_per_node, NProc::Count(2));
+        assert_eq!(args.max_restarts, 3);
+        assert_eq!(args.training_script, "train.py");
+        assert_eq!(
+            args.training_script_args,
+            ["--lr", "0.1", "--nproc-per-node", "9"]
+        );
     }
 }

@@ -12,7 +12,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use cli::{Cli, Command, ServeArgs, StoreCommand};
+pub use cli::{Cli, Command, RunArgs, ServeArgs, StoreCommand};
+
+/// What the caller knows that the command line does not say.
+#[derive(Clone, Debug, Default)]
+pub struct Context {
+    /// The Python interpreter that runs `relaunch` (when it runs from the
+    /// Python package): workers run under it, as under torchrun.
+    pub python: Option<OsString>,
+}
 
 /// Runs the command line `args` (program name first); see [`run_to_code`].
 pub fn run<I, T>(args: I) -> ExitCode
@@ -20,12 +28,13 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    ExitCode::from(run_to_code(args))
+    ExitCode::from(run_to_code(args, &Context::default()))
 }
 
 /// Runs the command line `args` (program name first) and returns the process
-/// exit code: 0 on success, 1 when the command failed, 2 on bad arguments.
-pub fn run_to_code<I, T>(args: I) -> u8
+/// exit code: 0 on success, 1 when the command failed, 2 on bad arguments;
+/// `relaunch run` returns the launch's own codes (see its `--help`).
+pub fn run_to_code<I, T>(args: I, context: &Context) -> u8
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
@@ -39,8 +48,12 @@ where
         }
     };
     init_logging(&cli.log);
-    match execute(&cli.command) {
-        Ok(()) => 0,
+    match execute(&cli.command, context) {
+        Ok(code) => code,
+        Err(e) if e.is::<commands::run::UsageError>() => {
+            output::error(&e);
+            2
+        }
         Err(e) => {
             output::error(&e);
             1
@@ -48,9 +61,10 @@ where
     }
 }
 
-fn execute(command: &Command) -> anyhow::Result<()> {
+fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
     match command {
-        Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args),
+        Command::Run(args) => commands::run::run(args, context),
+        Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args).map(|()| 0),
     }
 }
 

@@ -62,3 +62,17 @@ fn contradictory_limits_fail_before_listening() {
     assert_eq!(code, 1);
     insta::assert_snapshot!(stderr);
 }
+
+#[test]
+fn run_help() {
+    let (code, stdout, _) = relaunch(&["run", "--help"]);
+    assert_eq!(code, 0);
+    insta::assert_snapshot!(stdout);
+}
+
+#[test]
+fn run_with_contradictory_flags_fails_before_starting() {
+    let (code, _, stderr) = relaunch(&["run", "--no-python", "-m", "pkg"]);
+    assert_eq!(code, 2);
+    insta::assert_snapshot!(stderr);
+}

@@ -8,10 +8,15 @@ mod store;
 use pyo3::prelude::*;
 
 /// Runs the `relaunch` command line with `argv` (program name first) and
-/// returns its exit code. The GIL is released for the whole run.
+/// returns its exit code. `python` is the interpreter running it, which
+/// `relaunch run` uses for workers. The GIL is released for the whole run.
 #[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
-    let code = py.detach(|| relaunch_cli::run_to_code(argv));
+#[pyo3(signature = (argv, python=None))]
+fn cli_main(py: Python<'_>, argv: Vec<String>, python: Option<String>) -> i32 {
+    let context = relaunch_cli::Context {
+        python: python.map(Into::into),
+    };
+    let code = py.detach(|| relaunch_cli::run_to_code(argv, &context));
     i32::from(code)
 }
 

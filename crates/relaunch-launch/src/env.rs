@@ -1,0 +1,200 @@
+//! The environment every worker gets: torchrun's variables, with torchrun's
+//! values, plus relaunch's own. Each name is declared once here.
+
+use std::path::Path;
+
+/// Global rank of the worker.
+pub const RANK: &str = "RANK";
+/// Rank of the worker on its node.
+pub const LOCAL_RANK: &str = "LOCAL_RANK";
+/// Rank of the worker's node (its group).
+pub const GROUP_RANK: &str = "GROUP_RANK";
+/// Rank among the workers of the same role (one role: the global rank).
+pub const ROLE_RANK: &str = "ROLE_RANK";
+/// `--role`.
+pub const ROLE_NAME: &str = "ROLE_NAME";
+/// Workers on this node.
+pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// Workers in the job.
+pub const WORLD_SIZE: &str = "WORLD_SIZE";
+/// Nodes in the job.
+pub const GROUP_WORLD_SIZE: &str = "GROUP_WORLD_SIZE";
+/// Workers of this role in the job.
+pub const ROLE_WORLD_SIZE: &str = "ROLE_WORLD_SIZE";
+/// Host of the store that `init_process_group` uses (the launcher's).
+pub const MASTER_ADDR: &str = "MASTER_ADDR";
+/// Port of that store.
+pub const MASTER_PORT: &str = "MASTER_PORT";
+/// How many times the workers were restarted so far.
+pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+/// `--max-restarts`.
+pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
+/// The job's id, stable across restarts.
+pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+/// `True`: a store already runs, so no rank starts one.
+pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
+/// Where torch's `@record` writes a failing worker's traceback.
+pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+/// The signals the launcher handles, comma-separated.
+pub const TORCHELASTIC_SIGNALS_TO_HANDLE: &str = "TORCHELASTIC_SIGNALS_TO_HANDLE";
+/// NCCL watchdog error handling; `1` unless the caller set it.
+pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+/// `1` when unset and a node runs more than one worker, as torchrun does.
+pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
+/// relaunch's run id (the same as `TORCHELASTIC_RUN_ID`).
+pub const RELAUNCH_RUN_ID: &str = "RELAUNCH_RUN_ID";
+/// The attempt number, 0 first (the same as `TORCHELASTIC_RESTART_COUNT`).
+pub const RELAUNCH_ATTEMPT: &str = "RELAUNCH_ATTEMPT";
+/// `HOST:PORT` of the launcher's store, for `relaunch.Store` and
+/// `relaunch.preemption`.
+pub const RELAUNCH_STORE: &str = "RELAUNCH_STORE";
+/// The worker's log directory for this attempt.
+pub const RELAUNCH_LOG_DIR: &str = "RELAUNCH_LOG_DIR";
+
+/// Where one worker sits in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerPlace {
+    pub local_rank: usize,
+    pub global_rank: usize,
+    pub node_rank: usize,
+    pub local_world_size: usize,
+    pub world_size: usize,
+    pub nodes: usize,
+}
+
+/// What all workers of one attempt share.
+#[derive(Clone, Debug)]
+pub struct AttemptEnv {
+    pub role: String,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub restart_count: u32,
+    pub max_restarts: u32,
+    pub run_id: String,
+    pub signals: String,
+}
+
+/// The variables one worker gets on top of the launcher's own environment.
+/// `inherited` looks up the launcher's environment (a parameter for tests).
+pub fn worker_env(
+    attempt: &AttemptEnv,
+    place: WorkerPlace,
+    error_file: &Path,
+    log_dir: &Path,
+    inherited: impl Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        (RANK, place.global_rank.to_string()),
+        (GROUP_RANK, place.node_rank.to_string()),
+        (ROLE_RANK, place.global_rank.to_string()),
+        (ROLE_NAME, attempt.role.clone()),
+        (LOCAL_WORLD_SIZE, place.local_world_size.to_string()),
+        (WORLD_SIZE, place.world_size.to_string()),
+        (GROUP_WORLD_SIZE, place.nodes.to_string()),
+        (ROLE_WORLD_SIZE, place.world_size.to_string()),
+        (MASTER_ADDR, attempt.master_addr.clone()),
+        (MASTER_PORT, attempt.master_port.to_string()),
+        (
+            TORCHELASTIC_RESTART_COUNT,
+            attempt.restart_count.to_string(),
+        ),
+        (TORCHELASTIC_MAX_RESTARTS, attempt.max_restarts.to_string()),
+        (TORCHELASTIC_RUN_ID, attempt.run_id.clone()),
+        (TORCHELASTIC_USE_AGENT_STORE, "True".into()),
+        (
+            TORCH_NCCL_ASYNC_ERROR_HANDLING,
+            inherited(TORCH_NCCL_ASYNC_ERROR_HANDLING).unwrap_or_else(|| "1".into()),
+        ),
+        (LOCAL_RANK, place.local_rank.to_string()),
+        (TORCHELASTIC_ERROR_FILE, error_file.display().to_string()),
+        (TORCHELASTIC_SIGNALS_TO_HANDLE, attempt.signals.clone()),
+        (RELAUNCH_RUN_ID, attempt.run_id.clone()),
+        (RELAUNCH_ATTEMPT, attempt.restart_count.to_string()),
+        (
+            RELAUNCH_STORE,
+            format!("{}:{}", attempt.master_addr, attempt.master_port),
+        ),
+        (RELAUNCH_LOG_DIR, log_dir.display().to_string()),
+    ];
+    match inherited(OMP_NUM_THREADS) {
+        Some(value) => env.push((OMP_NUM_THREADS, value)),
+        None if place.local_world_size > 1 => env.push((OMP_NUM_THREADS, "1".into())),
+        None => {}
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt() -> AttemptEnv {
+        AttemptEnv {
+            role: "default".into(),
+            master_addr: "localhost".into(),
+            master_port: 29400,
+            restart_count: 2,
+            max_restarts: 3,
+            run_id: "job".into(),
+            signals: "SIGTERM,SIGINT".into(),
+        }
+    }
+
+    fn place(local_world_size: usize) -> WorkerPlace {
+        WorkerPlace {
+            local_rank: 1,
+            global_rank: 3,
+            node_rank: 1,
+            local_world_size,
+            world_size: 4,
+            nodes: 2,
+        }
+    }
+
+    fn get(env: &[(&str, String)], k: &str) -> Option<String> {
+        env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn torchrun_values() {
+        let env = worker_env(
+            &attempt(),
+            place(2),
+            Path::new("/e.json"),
+            Path::new("/l"),
+            |_| None,
+        );
+        assert_eq!(get(&env, RANK).as_deref(), Some("3"));
+        assert_eq!(get(&env, GROUP_RANK).as_deref(), Some("1"));
+        assert_eq!(get(&env, ROLE_WORLD_SIZE).as_deref(), Some("4"));
+        assert_eq!(get(&env, TORCHELASTIC_RESTART_COUNT).as_deref(), Some("2"));
+        assert_eq!(
+            get(&env, TORCHELASTIC_USE_AGENT_STORE).as_deref(),
+            Some("True")
+        );
+        assert_eq!(
+            get(&env, TORCH_NCCL_ASYNC_ERROR_HANDLING).as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(&env, RELAUNCH_STORE).as_deref(),
+            Some("localhost:29400")
+        );
+    }
+
+    #[test]
+    fn omp_num_threads_like_torchrun() {
+        let two = worker_env(&attempt(), place(2), Path::new("e"), Path::new("l"), |_| {
+            None
+        });
+        assert_eq!(get(&two, OMP_NUM_THREADS).as_deref(), Some("1"));
+        let one = worker_env(&attempt(), place(1), Path::new("e"), Path::new("l"), |_| {
+            None
+        });
+        assert_eq!(get(&one, OMP_NUM_THREADS), None);
+        let set = worker_env(&attempt(), place(2), Path::new("e"), Path::new("l"), |k| {
+            (k == OMP_NUM_THREADS).then(|| "8".to_string())
+        });
+        assert_eq!(get(&set, OMP_NUM_THREADS).as_deref(), Some("8"));
+    }
+}

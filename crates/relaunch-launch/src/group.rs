@@ -1,0 +1,322 @@
+//! One attempt's workers on this node: start them all, report each exit,
+//! stop them all with a grace period.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::LaunchConfig;
+use crate::console::{ConsoleSender, Stream};
+use crate::env::{AttemptEnv, WorkerPlace, worker_env};
+use crate::error::LaunchError;
+use crate::logs::{LogLayout, StreamSink, Tail, pump};
+use crate::report::{ErrorFile, Failure};
+use crate::worker::{self, ExitKind};
+
+/// A worker's end, as the group reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct Exit {
+    pub local_rank: usize,
+    pub kind: ExitKind,
+    pub at: SystemTime,
+}
+
+struct Member {
+    place: WorkerPlace,
+    pid: Pid,
+    exit: Option<Exit>,
+    error_file: PathBuf,
+    stdout_log: PathBuf,
+    stderr_log: PathBuf,
+    stderr_tail: Tail,
+}
+
+/// The running workers of one attempt.
+pub struct WorkerGroup {
+    members: Vec<Member>,
+    exits: mpsc::UnboundedReceiver<Exit>,
+    /// Waiters and output pumps; output is complete once they all finish.
+    tasks: JoinSet<()>,
+}
+
+impl std::fmt::Debug for WorkerGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerGroup")
+            .field("pids", &self.pids())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where this node's workers sit in the job, for one attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    pub node_rank: usize,
+    pub nodes: usize,
+    /// Global rank of this node's local rank 0.
+    pub first_rank: usize,
+    pub world_size: usize,
+}
+
+impl WorkerGroup {
+    /// Starts one worker per local rank. On a failure to start any of
+    /// them, the ones already started are killed.
+    pub fn start(
+        config: &LaunchConfig,
+        attempt: &AttemptEnv,
+        placement: Placement,
+        layout: &LogLayout,
+        console: &ConsoleSender,
+        hostname: &str,
+    ) -> Result<Self, LaunchError> {
+        let (exit_tx, exits) = mpsc::unbounded_channel();
+        let mut group = Self {
+            members: Vec::with_capacity(config.nproc_per_node),
+            exits,
+            tasks: JoinSet::new(),
+        };
+        for local_rank in 0..config.nproc_per_node {
+            let place = WorkerPlace {
+                local_rank,
+                global_rank: placement.first_rank + local_rank,
+                node_rank: placement.node_rank,
+                local_world_size: config.nproc_per_node,
+                world_size: placement.world_size,
+                nodes: placement.nodes,
+            };
+            if let Err(e) =
+                group.start_one(config, attempt, place, layout, console, hostname, &exit_tx)
+            {
+                group.kill_all();
+                return Err(e);
+            }
+        }
+        Ok(group)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_one(
+        &mut self,
+        config: &LaunchConfig,
+        attempt: &AttemptEnv,
+        place: WorkerPlace,
+        layout: &LogLayout,
+        console: &ConsoleSender,
+        hostname: &str,
+        exit_tx: &mpsc::UnboundedSender<Exit>,
+    ) -> Result<(), LaunchError> {
+        let dir = layout.rank_dir(attempt.restart_count, place.local_rank)?;
+        let error_file = dir.join("error.json");
+        // A stale file would be read as this attempt's error.
+        let _ = std::fs::remove_file(&error_file);
+        let env = worker_env(attempt, place, &error_file, &dir, |k| std::env::var(k).ok());
+        let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank)?;
+        let pid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| {
+                LaunchError::io(
+                    "a worker exited before it could be watched",
+                    std::io::ErrorKind::Other.into(),
+                )
+            })?;
+
+        let prefix: Arc<str> = render_prefix(
+            &config.log_line_prefix_template,
+            &attempt.role,
+            place,
+            hostname,
+        )
+        .into();
+        let shown = config
+            .local_ranks_filter
+            .as_ref()
+            .is_none_or(|f| f.contains(&place.local_rank));
+        let redirected = config.redirects.for_rank(place.local_rank);
+        let tail = Tail::default();
+        let (stdout_log, stderr_log) = (dir.join("stdout.log"), dir.join("stderr.log"));
+        for (stream, file, to_console) in [
+            (Stream::Stdout, &stdout_log, shown && !redirected.stdout),
+            (Stream::Stderr, &stderr_log, shown && !redirected.stderr),
+        ] {
+            let sink = StreamSink {
+                file: file.clone(),
+                stream,
+                console: to_console.then(|| (console.clone(), prefix.clone())),
+                tail: tail.clone(),
+            };
+            match stream {
+                Stream::Stdout => {
+                    if let Some(out) = child.stdout.take() {
+                        self.tasks.spawn(pump(out, sink));
+                    }
+                }
+                Stream::Stderr => {
+                    if let Some(err) = child.stderr.take() {
+                        self.tasks.spawn(pump(err, sink));
+                    }
+                }
+            }
+        }
+        let local_rank = place.local_rank;
+        let exit_tx = exit_tx.clone();
+        self.tasks.spawn(async move {
+            let kind = match child.wait().await {
+                Ok(status) => ExitKind::from_status(status),
+                Err(e) => {
+                    tracing::warn!(local_rank, error = %e, "cannot wait for a worker");
+                    ExitKind::Code(-1)
+                }
+            };
+            let _ = exit_tx.send(Exit {
+                local_rank,
+                kind,
+                at: SystemTime::now(),
+            });
+        });
+        tracing::debug!(local_rank, rank = place.global_rank, %pid, "worker started");
+        self.members.push(Member {
+            place,
+            pid,
+            exit: None,
+            error_file,
+            stdout_log,
+            stderr_log,
+            stderr_tail: tail,
+        });
+        Ok(())
+    }
+
+    /// Process ids of the workers, by local rank.
+    pub fn pids(&self) -> Vec<Pid> {
+        self.members.iter().map(|m| m.pid).collect()
+    }
+
+    /// Local ranks of the workers still running.
+    pub fn running_ranks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.members
+            .iter()
+            .filter(|m| m.exit.is_none())
+            .map(|m| m.place.local_rank)
+    }
+
+    /// Whether every worker has exited.
+    pub fn all_exited(&self) -> bool {
+        self.members.iter().all(|m| m.exit.is_some())
+    }
+
+    /// The next worker exit; `None` once all have exited.
+    pub async fn next_exit(&mut self) -> Option<Exit> {
+        if self.all_exited() {
+            return None;
+        }
+        let exit = self.exits.recv().await?;
+        if let Some(member) = self.members.get_mut(exit.local_rank) {
+            member.exit = Some(exit);
+        }
+        Some(exit)
+    }
+
+    /// Sends `signal` to the process group of every worker still running.
+    pub fn signal_all(&self, signal: Signal) {
+        for m in self.members.iter().filter(|m| m.exit.is_none()) {
+            worker::signal_group(m.pid, signal);
+        }
+    }
+
+    fn kill_all(&self) {
+        for m in &self.members {
+            worker::signal_group(m.pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Sends `signal` to every worker, waits up to `grace` for them to
+    /// exit, then kills the rest. Returns once all have exited.
+    pub async fn stop(&mut self, signal: Signal, grace: Duration) {
+        self.signal_all(signal);
+        let deadline = Instant::now() + grace;
+        while !self.all_exited() {
+            match tokio::time::timeout_at(deadline, self.next_exit()).await {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(grace = ?grace, "workers still running after the grace period; sending SIGKILL");
+                    self.kill_all();
+                    while self.next_exit().await.is_some() {}
+                    break;
+                }
+            }
+        }
+        // Their process groups may still hold children (DataLoader workers).
+        self.kill_all();
+    }
+
+    /// Waits until every worker's output has been written out.
+    pub async fn drain(&mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Every worker that did not exit with code 0, with what is known of why.
+    /// `stopped` says, from a local rank and its exit, which exits the
+    /// launcher caused.
+    pub fn failures(&self, stopped: impl Fn(usize, ExitKind) -> bool) -> Vec<Failure> {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                let exit = m.exit?;
+                if exit.kind.success() {
+                    return None;
+                }
+                Some(Failure {
+                    local_rank: m.place.local_rank,
+                    global_rank: m.place.global_rank,
+                    pid: m.pid.as_raw().unsigned_abs(),
+                    exit: exit.kind,
+                    at: exit.at,
+                    error_file: m.error_file.clone(),
+                    error: ErrorFile::read(&m.error_file),
+                    stderr_tail: m
+                        .stderr_tail
+                        .lock()
+                        .map(|t| t.iter().cloned().collect())
+                        .unwrap_or_default(),
+                    stdout_log: m.stdout_log.clone(),
+                    stderr_log: m.stderr_log.clone(),
+                    stopped_by_launcher: stopped(m.place.local_rank, exit.kind),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether every worker exited with code 0.
+    pub fn all_succeeded(&self) -> bool {
+        self.members
+            .iter()
+            .all(|m| m.exit.is_some_and(|e| e.kind.success()))
+    }
+}
+
+impl Drop for WorkerGroup {
+    fn drop(&mut self) {
+        // Never leave a worker behind, whatever path drops the group.
+        for m in self.members.iter().filter(|m| m.exit.is_none()) {
+            worker::signal_group(m.pid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// torchrun's prefix template: `${role_name}`, `${rank}`, `${local_rank}`,
+/// `${hostname}`.
+pub fn render_prefix(template: &str, role: &str, place: WorkerPlace, hostname: &str) -> String {
+    template
+        .replace("${role_name}", role)
+        .replace("${local_rank}", &place.local_rank.to_string())
+        .replace("${rank}", &place.global_rank.to_string())
+        .replace("${hostname}", hostname)
+}

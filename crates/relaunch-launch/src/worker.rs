@@ -1,0 +1,104 @@
+//! Starting one worker process so that it can never outlive the launcher.
+//!
+//! Each worker starts a session of its own (as under torchrun), so a signal
+//! for its process group reaches its DataLoader workers too, and a Ctrl-C at
+//! the terminal reaches only the launcher, which forwards it once. The
+//! kernel sends it SIGKILL when the launcher dies, even by SIGKILL
+//! (`PR_SET_PDEATHSIG`).
+
+// The only unsafe code in relaunch: `pre_exec` runs between fork and exec,
+// where only async-signal-safe calls are allowed. The closure makes three
+// system calls through `nix` and allocates nothing.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::process::{ExitStatus, Stdio};
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::config::Entrypoint;
+use crate::error::LaunchError;
+
+/// How a worker ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitKind {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitKind {
+    pub fn from_status(status: ExitStatus) -> Self {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Self::Code(code),
+            (None, Some(signal)) => Self::Signal(signal),
+            // Neither code nor signal: report as a failure rather than guess.
+            (None, None) => Self::Code(-1),
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == Self::Code(0)
+    }
+
+    /// `exit code 1`, `signal SIGKILL (9)`.
+    pub fn describe(self) -> String {
+        match self {
+            Self::Code(code) => format!("exit code {code}"),
+            Self::Signal(n) => match Signal::try_from(n) {
+                Ok(signal) => format!("signal {signal} ({n})"),
+                Err(_) => format!("signal {n}"),
+            },
+        }
+    }
+}
+
+/// Starts `entrypoint` with `env` added to the launcher's environment, its
+/// standard output and error piped to the launcher, and its standard input
+/// shared with the launcher (as torchrun does, for `breakpoint()`).
+pub fn spawn(
+    entrypoint: &Entrypoint,
+    env: &[(&'static str, String)],
+    local_rank: usize,
+) -> Result<Child, LaunchError> {
+    let mut command = Command::new(&entrypoint.program);
+    command
+        .args(&entrypoint.args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let launcher = nix::unistd::getpid();
+    // SAFETY: the closure only makes async-signal-safe system calls (setsid,
+    // prctl, getppid) and builds errors from raw errno values, which does not
+    // allocate.
+    unsafe {
+        command.as_std_mut().pre_exec(move || {
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+            // The launcher may have died before the death signal was armed.
+            if nix::unistd::getppid() != launcher {
+                return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    command.spawn().map_err(|source| LaunchError::Spawn {
+        local_rank,
+        program: entrypoint.program.to_string_lossy().into_owned(),
+        source,
+    })
+}
+
+/// Sends `signal` to the worker's whole process group (it leads a session,
+/// so its pid is its group id). A group that is already gone is no error.
+pub fn signal_group(pid: Pid, signal: Signal) {
+    match nix::sys::signal::killpg(pid, signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => {
+            tracing::warn!(%pid, %signal, error = %e, "cannot signal a worker's process group")
+        }
+    }
+}

@@ -1,0 +1,467 @@
+"""`relaunch run` as users run it: real PyTorch (gloo, CPU), real signals,
+real process trees. Compared with torchrun where torchrun is the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+TRAIN = HERE.parents[1] / "examples" / "train.py"
+RELAUNCH = [sys.executable, "-m", "relaunch", "run"]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.fixture
+def launcher() -> Iterator[Callable[..., subprocess.Popen]]:
+    """Starts `relaunch run ARGS`; kills whatever is left at the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [*RELAUNCH, *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()  # its workers die with it (parent-death signal)
+        proc.communicate(timeout=30)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- environment ---------------------------------------------------------------
+
+
+def test_worker_environment_equals_torchruns(launcher, tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(sorted(os.environ)))
+    torchrun = subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"),
+            *(str(WORKERS / "dump_env.py"), str(base), str(tmp_path / "torchrun")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert torchrun.returncode == 0, torchrun.stderr
+    code, _, err = finish(
+        launcher("--nproc-per-node", "2", WORKERS / "dump_env.py", base, tmp_path / "relaunch")
+    )
+    assert code == 0, err
+    varying = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+    for rank in range(2):
+        theirs = json.loads((tmp_path / f"torchrun.{rank}").read_text())
+        ours = json.loads((tmp_path / f"relaunch.{rank}").read_text())
+        assert set(theirs) <= set(ours), f"missing: {set(theirs) - set(ours)}"
+        extra = set(ours) - set(theirs)
+        assert extra == {
+            "RELAUNCH_RUN_ID",
+            "RELAUNCH_ATTEMPT",
+            "RELAUNCH_STORE",
+            "RELAUNCH_LOG_DIR",
+        }
+        for key in set(theirs) - varying:
+            assert ours[key] == theirs[key], f"rank {rank} {key}: {ours[key]!r} vs {theirs[key]!r}"
+        assert ours["RELAUNCH_RUN_ID"] == ours["TORCHELASTIC_RUN_ID"]
+        assert ours["RELAUNCH_STORE"] == f"localhost:{ours['MASTER_PORT']}"
+        assert ours["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
+
+
+def test_two_jobs_on_one_machine_get_different_ports(launcher, tmp_path):
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(sorted(os.environ)))
+    jobs = [launcher(WORKERS / "dump_env.py", base, tmp_path / f"job{i}") for i in range(2)]
+    assert [finish(j)[0] for j in jobs] == [0, 0]
+    ports = {json.loads((tmp_path / f"job{i}.0").read_text())["MASTER_PORT"] for i in range(2)}
+    assert len(ports) == 2
+
+
+# -- training: multi-node, restarts, preemption ------------------------------------
+
+
+def test_ddp_as_two_nodes_of_two_processes(launcher, tmp_path):
+    port = free_port()
+    nodes = [
+        launcher(
+            "--nnodes",
+            "2",
+            "--node-rank",
+            rank,
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "--run-id",
+            "two-by-two",
+            TRAIN,
+            "--ckpt-dir",
+            tmp_path / "ckpt",
+            "--steps",
+            "30",
+            "--out",
+            tmp_path / "out",
+        )
+        for rank in range(2)
+    ]
+    results = [finish(n) for n in nodes]
+    for code, _, err in results:
+        assert code == 0, err
+    assert "[default1]:rank 3/4 attempt 0: starting at step 0" in results[1][1]
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
+    assert [r["step"] for r in reports] == [29] * 4
+
+
+def test_a_killed_worker_restarts_all_and_the_job_finishes(launcher, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = launcher(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "2",
+        TRAIN,
+        "--ckpt-dir",
+        ckpt,
+        "--steps",
+        "60",
+        "--step-time",
+        "0.05",
+        "--out",
+        tmp_path / "out",
+    )
+    wait_for(lambda: (ckpt / "step_9.pt").exists(), 120, "the first checkpoint")
+    workers = children(job.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    code, out, err = finish(job)
+    assert code == 0, err
+    assert "root cause" in err and "signal SIGKILL (9)" in err
+    assert "restarting all workers" in err
+    assert re.search(r"\[default0\]:rank 0/2 attempt 1: starting at step [1-9]\d", out), out
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert [(r["attempt"], r["step"]) for r in reports] == [(1, 59), (1, 59)]
+
+
+def test_sigterm_stops_every_rank_at_the_same_step(launcher, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    job = launcher(
+        "--nproc-per-node",
+        "3",
+        TRAIN,
+        "--ckpt-dir",
+        ckpt,
+        "--steps",
+        "100000",
+        "--step-time",
+        "0.02",
+        "--out",
+        tmp_path / "out",
+    )
+    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "training to be under way")
+    job.send_signal(signal.SIGTERM)
+    code, _, err = finish(job, timeout=60)
+    assert code == 75, err
+    assert "preempted" in err
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(3)]
+    steps = {r["step"] for r in reports}
+    assert len(steps) == 1 and all(r["preempted"] for r in reports), reports
+    assert (ckpt / f"step_{steps.pop()}.pt").exists()
+
+
+def test_sigterm_to_a_script_without_preemption_support_is_reported(launcher, tmp_path):
+    job = launcher("--nproc-per-node", "2", WORKERS / "sleeper.py", tmp_path)
+    wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 2, 60, "the workers")
+    job.send_signal(signal.SIGTERM)
+    code, _, err = finish(job, timeout=60)
+    assert code == 128 + signal.SIGTERM, err
+    assert "not every worker exited cleanly" in err
+
+
+def test_sigkill_to_the_launcher_leaves_no_worker(launcher, tmp_path):
+    job = launcher("--nproc-per-node", "3", WORKERS / "sleeper.py", tmp_path)
+    wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 3, 60, "the workers")
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+    assert all(alive(p) for p in pids)
+    job.kill()
+    job.wait()
+    wait_for(lambda: not any(alive(p) for p in pids), 1.0, "the workers to die with the launcher")
+
+
+def test_a_second_signal_kills_at_once(launcher, tmp_path):
+    job = launcher("--shutdown-timeout", "60", WORKERS / "sleeper.py", tmp_path)
+    wait_for(lambda: (tmp_path / "pid.0").exists(), 60, "the worker")
+    pid = int((tmp_path / "pid.0").read_text())
+    # The worker ignores nothing, but make it ignore SIGTERM's default by
+    # stopping it: only SIGKILL ends a stopped process.
+    os.kill(pid, signal.SIGSTOP)
+    job.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert alive(pid)
+    started = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    code, _, err = finish(job, timeout=30)
+    assert time.monotonic() - started < 10
+    assert code == 128 + signal.SIGTERM, err
+    assert not alive(pid)
+
+
+# -- failures and their report ---------------------------------------------------
+
+
+def test_a_recorded_failure_is_reported_with_its_traceback(launcher, tmp_path):
+    code, _, err = finish(
+        launcher("--nproc-per-node", "2", "--log-dir", tmp_path, WORKERS / "recorded_failure.py")
+    )
+    assert code == 1
+    assert "root cause" in err
+    assert "rank 1 (local rank 1" in err
+    assert "error: ValueError: corrupt batch at step 7 on rank 1" in err
+    assert "in load_batch" in err  # the traceback, from the error file
+    assert re.search(r"traceback \(from .*/attempt_0/1/error\.json\)", err), err
+    assert "giving up after 0 restart(s)" in err
+
+
+def test_restarts_are_counted_and_exhausted(launcher, tmp_path):
+    code, _, err = finish(
+        launcher("--nproc-per-node", "2", "--max-restarts", "2", WORKERS / "recorded_failure.py")
+    )
+    assert code == 1
+    assert err.count("root cause") == 3
+    assert "attempt 3 of 3" in err
+    assert "restarting all workers in 1s (restart 1 of 2)" in err
+    assert "restarting all workers in 2s (restart 2 of 2)" in err
+
+
+# -- logs and console --------------------------------------------------------------
+
+
+def test_log_files_per_attempt_and_rank(launcher, tmp_path):
+    code, _, _ = finish(
+        launcher(
+            "--nproc-per-node",
+            "2",
+            "--log-dir",
+            tmp_path,
+            "--run-id",
+            "logs",
+            WORKERS / "chatter.py",
+            "10",
+        )
+    )
+    assert code == 0
+    [run_dir] = tmp_path.glob("logs_*")
+    for rank in range(2):
+        stdout = (run_dir / "attempt_0" / str(rank) / "stdout.log").read_text().splitlines()
+        stderr = (run_dir / "attempt_0" / str(rank) / "stderr.log").read_text().splitlines()
+        assert [line.split()[3] for line in stdout] == ["0", "2", "4", "6", "8"]
+        assert [line.split()[3] for line in stderr] == ["1", "3", "5", "7", "9"]
+        assert stdout[0].startswith(f"rank {rank} line 0 ")  # no prefix in files
+
+
+def test_console_lines_are_prefixed_and_never_torn(launcher):
+    code, out, err = finish(launcher("--nproc-per-node", "4", WORKERS / "chatter.py", "4000"))
+    assert code == 0
+    pattern = re.compile(r"^\[default(\d)\]:rank (\d) line (\d+) x{150}$")
+    worker_lines = [line for line in (out + err).splitlines() if not line.startswith("relaunch:")]
+    assert len(worker_lines) == 4 * 4000
+    for line in worker_lines:
+        m = pattern.match(line)
+        assert m and m.group(1) == m.group(2), f"torn or unprefixed: {line[:80]!r}"
+
+
+def test_redirects_and_rank_filter_keep_lines_off_the_console(launcher, tmp_path):
+    _, out, err = finish(
+        launcher(
+            "--nproc-per-node",
+            "2",
+            "--local-ranks-filter",
+            "1",
+            "--log-dir",
+            tmp_path,
+            WORKERS / "chatter.py",
+            "4",
+        )
+    )
+    assert "[default1]:rank 1 line 0" in out and "[default0]:" not in out + err
+    _, out, err = finish(
+        launcher("--nproc-per-node", "2", "-r", "0:2", WORKERS / "chatter.py", "4")
+    )
+    assert "[default0]:rank 0 line 0" in out  # stdout of rank 0 still shown
+    assert "[default0]:rank 0 line 1" not in err  # its stderr went to the file only
+    assert "[default1]:rank 1 line 1" in err
+
+
+def test_progress_bars_keep_only_their_final_state(launcher, tmp_path):
+    code, out, err = finish(
+        launcher("--log-dir", tmp_path, "--run-id", "bars", WORKERS / "progress.py", "500")
+    )
+    assert code == 0
+    assert "\r" not in out + err
+    assert "[default0]:100%|" + "#" * 30 + "| 500/500" in err
+    assert err.count("[default0]:") == 1  # one line for 500 redraws
+    [log] = tmp_path.glob("bars_*/attempt_0/0/stderr.log")
+    assert log.read_text() == "100%|" + "#" * 30 + "| 500/500\n"
+
+
+def test_progress_bars_on_a_terminal_stay_readable(tmp_path):
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [*RELAUNCH, "--nproc-per-node", "2", WORKERS / "progress.py", "300"],
+        stdout=follower,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # the terminal closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        proc.wait(timeout=60)
+        os.close(leader)
+    assert proc.returncode == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    for rank in range(2):
+        assert f"[default{rank}]:100%|" in screen
+        assert f"[default{rank}]:done" in screen
+
+
+# -- bad input ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc-per-node", "many", "t.py"], "is not a worker count"),
+        (["--nnodes", "3:1", "t.py"], "MIN <= MAX"),
+        (["--no-python", "-m", "t"], "contradict each other"),
+        (["--nnodes", "2", "--node-rank", "5", "--master-addr", "h", "t.py"], "out of range"),
+        (["--redirects", "7", "t.py"], "is not a stream code"),
+        (["--signals-to-handle", "SIGBOGUS", "t.py"], "is not a signal name"),
+        (["--log-dir", "/dev/null", "t.py"], "is not a directory"),
+        (["--numa-binding", "node", "t.py"], "unexpected argument '--numa-binding'"),
+        ([], "TRAINING_SCRIPT"),
+    ],
+)
+def test_bad_flags_fail_before_anything_starts(args, message, tmp_path):
+    proc = subprocess.run(
+        [*RELAUNCH, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "relaunch: run" not in proc.stderr  # nothing was started
+
+
+def test_a_missing_program_is_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        [*RELAUNCH, "--no-python", str(tmp_path / "no-such-program")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "cannot start worker 0" in proc.stderr and "no-such-program" in proc.stderr
+
+
+def test_a_signal_to_one_node_stops_every_node_at_one_step(launcher, tmp_path):
+    port = free_port()
+    ckpt = tmp_path / "ckpt"
+    nodes = [
+        launcher(
+            "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
+            "--master-port", port, "--run-id", "cross-node",
+            TRAIN, "--ckpt-dir", ckpt, "--steps", "100000", "--step-time", "0.02",
+            "--out", tmp_path / "out",
+        )
+        for rank in range(2)
+    ]  # fmt: skip
+    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "training to be under way")
+    nodes[1].send_signal(signal.SIGTERM)  # only node 1 is preempted
+    results = [finish(n, timeout=60) for n in nodes]
+    assert [code for code, _, _ in results] == [75, 75], [err for _, _, err in results]
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert reports[0]["step"] == reports[1]["step"] and reports[0]["preempted"], reports
+
+
+def test_preemption_outside_the_launcher_stops_at_the_next_step(tmp_path):
+    code = (
+        "import os, signal\n"
+        "from relaunch import preemption\n"
+        "assert not preemption.requested() and not preemption.reached(0)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert preemption.requested()\n"
+        "print(preemption.reached(1), preemption.reached(2), preemption.stop_step())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "TORCHELASTIC_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "1"]
