@@ -1,0 +1,138 @@
+"""The launcher benchmark: `relaunch run` against `torchrun`, same job, same run.
+
+    .venv/bin/python bench/launch/run.py [--repeat 5] [--nproc 8]
+
+Two figures, each the median of `--repeat` alternating runs:
+- launcher overhead: wall time of `LAUNCHER --nproc-per-node 8 --no-python true`
+  (8 workers that exit at once, so the time is the launcher's own);
+- stop time: 8 `sleep` workers, SIGTERM to the launcher, time until the
+  launcher has exited and no worker is left.
+relaunch is measured as users run it (the `relaunch` script of the Python
+package) and as the bare Rust binary. The ratio is relaunch's advantage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def overhead(cmd: list[str], nproc: int) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        [*cmd, "--nproc-per-node", str(nproc), "--no-python", "true"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
+def stop_time(cmd: list[str], nproc: int) -> float:
+    proc = subprocess.Popen(
+        [*cmd, "--nproc-per-node", str(nproc), "--no-python", "sleep", "3600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while len(workers) < nproc:
+            # torchrun's workers are children of its agent process.
+            workers = [
+                p for c in children(proc.pid) for p in [c, *children(c)] if _comm(p) == "sleep"
+            ]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{cmd[0]}: workers did not start")
+            time.sleep(0.01)
+        start = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        while any(alive(w) for w in workers):
+            time.sleep(0.001)
+        return time.perf_counter() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--nproc", type=int, default=8)
+    a = p.parse_args()
+
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "-p", "relaunch-cli"], cwd=ROOT, check=True
+    )
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    launchers = {
+        "relaunch (script)": [str(BIN / "relaunch"), "run"],
+        "relaunch (binary)": [str(target / "release" / "relaunch"), "run"],
+        "torchrun": [shutil.which("torchrun", path=str(BIN)) or "torchrun"],
+    }
+    rows = []
+    for name, fn in [("launcher overhead", overhead), ("SIGTERM to all workers gone", stop_time)]:
+        samples: dict[str, list[float]] = {k: [] for k in launchers}
+        for _ in range(a.repeat):
+            for k, cmd in launchers.items():
+                samples[k].append(fn(cmd, a.nproc))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        for k in ["relaunch (script)", "relaunch (binary)"]:
+            ratio = med["torchrun"] / med[k]
+            rows.append((f"{name}, {a.nproc} workers", k, med[k], med["torchrun"], ratio))
+            print(
+                f"{name:<32} {k:<18} {med[k] * 1000:8.1f} ms  torchrun "
+                f"{med['torchrun'] * 1000:8.1f} ms  ratio {ratio:6.1f}x",
+                flush=True,
+            )
+    out = ROOT / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "launch.json").write_text(json.dumps(rows, indent=2))
+    print("\n| workload | relaunch | torchrun | ratio |\n|---|---|---|---|")
+    for name, k, ours, theirs, ratio in rows:
+        print(f"| {name}, {k} | {ours * 1000:.1f} ms | {theirs * 1000:.1f} ms | {ratio:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()
