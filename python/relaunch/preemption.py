@@ -39,8 +39,8 @@ from relaunch import _native
 __all__ = ["install", "reached", "requested", "stop_step"]
 
 # Store keys, as the launcher writes them (crates/relaunch-launch/src/keys.rs).
-_PREEMPT_KEY = "relaunch/{run_id}/preempt"
-_STOP_STEP_KEY = "relaunch/{run_id}/stop_step"
+_PREEMPT_KEY = "relaunch/{run_id}/workers/preempt"
+_STOP_STEP_KEY = "relaunch/{run_id}/workers/stop_step"
 
 # How long a rank may take to hear of a stop request from another rank:
 # the proposed stop step is at least this far ahead, in steps.

@@ -70,6 +70,7 @@ def test_serve_stops_cleanly_on_signals(sig):
     server = StoreProcess()
     client = Store("127.0.0.1", server.port, timeout=5)
     client.set("k", "v")
+    assert client.get("k") == b"v"  # SET has no reply: make sure it was applied
     server.proc.send_signal(sig)
     assert server.proc.wait(10) == 0
     log = "".join(server.log)

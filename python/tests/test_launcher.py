@@ -80,6 +80,14 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -465,3 +473,60 @@ def test_preemption_outside_the_launcher_stops_at_the_next_step(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "1"]
+
+
+# -- elastic rendezvous ---------------------------------------------------------
+
+
+def elastic(launcher, port: int, run_id: str, *train_args, extra=()):
+    return launcher(
+        "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+        "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2",
+        "--shutdown-timeout", "5", *extra, TRAIN, *train_args,
+    )  # fmt: skip
+
+
+def test_elastic_nodes_join_and_train_together(launcher, tmp_path):
+    port = free_port()
+    args = ("--ckpt-dir", tmp_path / "ckpt", "--steps", "30", "--out", tmp_path / "out")
+    nodes = [elastic(launcher, port, "elastic-join", *args) for _ in range(2)]
+    results = [finish(n) for n in nodes]
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
+    assert [r["step"] for r in reports] == [29] * 4  # a world of 4: both nodes took part
+
+
+def test_a_late_node_is_admitted_at_the_next_round(launcher, tmp_path):
+    port = free_port()
+    ckpt = tmp_path / "ckpt"
+    args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
+    first = elastic(launcher, port, "elastic-late", *args)
+    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "the first node to train alone")
+    second = elastic(launcher, port, "elastic-late", *args)
+    results = [finish(n) for n in (first, second)]
+    assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
+    assert "a node is waiting to join" in results[0][2]
+    assert re.search(r"rank 0/2 attempt 0: starting at step 0", results[0][1])
+    # After admission: a world of 4 resumed from a checkpoint, not from 0.
+    assert re.search(r"rank 3/4 attempt 0: starting at step [1-9]\d", results[0][1] + results[1][1])
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
+    assert [r["step"] for r in reports] == [119] * 4
+
+
+def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
+    port = free_port()
+    ckpt = tmp_path / "ckpt"
+    args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
+    extra = ("--max-restarts", "1")
+    host = elastic(launcher, port, "elastic-lost", *args, extra=extra)
+    wait_for(lambda: listening(port), 60, "the first node to host the store")
+    other = elastic(launcher, port, "elastic-lost", *args, extra=extra)
+    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
+    other.kill()  # the node dies: its launcher by SIGKILL, its workers with it
+    code, out, err = finish(host)
+    assert code == 0, err
+    assert "attempt 1: node 0 of 1" in err
+    assert re.search(r"rank 0/2 attempt 1: starting at step [1-9]\d", out), out
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert [(r["attempt"], r["step"]) for r in reports] == [(1, 119), (1, 119)]

@@ -9,7 +9,41 @@ pub(crate) fn status(line: &str) {
     eprintln!("{line}");
 }
 
-/// The final error of a failed command, with its chain of causes.
+/// The final error of a failed command, with its chain of causes; a cause
+/// whose text the message already holds is not repeated.
 pub(crate) fn error(e: &anyhow::Error) {
-    eprintln!("error: {e:#}");
+    eprintln!("error: {}", chain(e));
+}
+
+fn chain(e: &anyhow::Error) -> String {
+    let mut message = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        let io = std::io::Error::other("disk full");
+        let wrapped = anyhow::Error::from(io).context("cannot write x");
+        assert_eq!(chain(&wrapped), "cannot write x: disk full");
+        #[derive(Debug, thiserror::Error)]
+        #[error("lost the store: {source}")]
+        struct Lost {
+            source: std::io::Error,
+        }
+        let lost = anyhow::Error::from(Lost {
+            source: std::io::Error::other("reset"),
+        });
+        assert_eq!(chain(&lost), "lost the store: reset");
+    }
 }

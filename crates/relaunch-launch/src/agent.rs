@@ -2,16 +2,16 @@
 //! forward signals, restart on failure, and say how the job ended.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::config::{LaunchConfig, RendezvousConfig, stops_the_job};
+use crate::config::{LaunchConfig, stops_the_job};
 use crate::console::{Console, ConsoleSender};
+use crate::coordinate::{Coordinator, Remote, RemoteEvent};
 use crate::env::AttemptEnv;
 use crate::error::LaunchError;
-use crate::group::{Placement, WorkerGroup};
+use crate::group::WorkerGroup;
 use crate::job_store::JobStore;
 use crate::keys;
 use crate::logs::LogLayout;
@@ -27,10 +27,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How one attempt ended.
 enum AttemptEnd {
     Succeeded,
-    /// A worker failed here or, in a multi-node job, on another node.
+    /// A worker failed here, or the other nodes ended the attempt.
     Failed {
         failures: Vec<Failure>,
-        remote: Option<String>,
+        remote: Option<RemoteEvent>,
     },
     /// A signal told the job to stop.
     Stopped {
@@ -55,115 +55,38 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     let console = Console::start();
     let out = console.sender();
     let store = JobStore::open(&config).await?;
-    let (nodes, node_rank) = match &config.rendezvous {
-        RendezvousConfig::Static { .. } => (config.nnodes.max, config.node_rank),
-        RendezvousConfig::Dynamic { .. } => {
-            return Err(LaunchError::Config(
-                "dynamic rendezvous (--rdzv-backend c10d with --rdzv-endpoint) is not available yet; \
-                 use --nnodes N with --node-rank, --master-addr and --master-port"
-                    .into(),
-            ));
-        }
-    };
-    let placement = Placement {
-        node_rank,
-        nodes,
-        first_rank: node_rank * config.nproc_per_node,
-        world_size: config.world_size(nodes),
-    };
+    let mut coordinator = Coordinator::new(&config, &store, &hostname).await?;
     out.notice(format!(
-        "relaunch: run {}: {} worker(s) on this node (node {} of {}), world size {}, store {}:{}, logs in {}",
+        "relaunch: run {}: {} worker(s) on this node, {} node(s), store {}:{}, logs in {}",
         config.run_id,
         config.nproc_per_node,
-        node_rank,
-        nodes,
-        placement.world_size,
+        match (config.nnodes.min, config.nnodes.max) {
+            (a, b) if a == b => a.to_string(),
+            (a, b) => format!("{a} to {b}"),
+        },
         store.addr,
         store.port,
         layout.root().display()
     ));
 
-    let mut attempt: u32 = 0;
-    let outcome = loop {
-        let prepared = tokio::select! {
-            r = prepare_attempt(&store, &config.run_id, attempt, nodes) => r,
-            sig = signals.recv() => break Outcome::Stopped { signal: sig, clean: true },
-        };
-        prepared?;
-        let attempt_env = AttemptEnv {
-            role: config.role.clone(),
-            master_addr: store.addr.clone(),
-            master_port: store.port,
-            restart_count: attempt,
-            max_restarts: config.max_restarts,
-            run_id: config.run_id.clone(),
-            signals: signal_names(&config.signals),
-        };
-        let mut group =
-            WorkerGroup::start(&config, &attempt_env, placement, &layout, &out, &hostname)?;
-        let remote = remote_failure(&store, &config.run_id, attempt, nodes).await?;
-        let end = supervise(&config, &store, &mut group, &mut signals, remote, &out).await;
-        group.drain().await;
-        orphans::kill_and_reap(&group.pids());
-        match end {
-            AttemptEnd::Succeeded => match preempted_elsewhere(&store, &config.run_id).await {
-                // The workers stopped early because another node was asked
-                // to stop: this node was preempted too.
-                Some(signal) => {
-                    break Outcome::Stopped {
-                        signal,
-                        clean: true,
-                    };
-                }
-                None => break Outcome::Succeeded,
-            },
-            AttemptEnd::Stopped { signal, clean } => break Outcome::Stopped { signal, clean },
-            AttemptEnd::Failed { failures, remote } => {
-                if let Some(remote) = &remote {
-                    out.notice(format!("relaunch: {remote}"));
-                } else {
-                    if nodes > 1 {
-                        let failed = keys::attempt_failed(&config.run_id, attempt);
-                        let what = format!(
-                            "node {node_rank} ({hostname}) had a worker fail in attempt {attempt}"
-                        );
-                        if let Err(e) = store.client.set(&failed, what).await {
-                            tracing::warn!(error = %e, "cannot tell the other nodes about the failure");
-                        }
-                    }
-                    out.notice(report::render(
-                        &failures,
-                        &hostname,
-                        attempt,
-                        config.max_restarts,
-                    ));
-                }
-                if attempt >= config.max_restarts {
-                    break Outcome::Failed {
-                        restarts: attempt,
-                        log_dir: layout.root().to_path_buf(),
-                    };
-                }
-                let pause = backoff(attempt);
-                out.notice(format!(
-                    "relaunch: restarting all workers in {:.0?} (restart {} of {})",
-                    pause,
-                    attempt + 1,
-                    config.max_restarts
-                ));
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    sig = signals.recv() => {
-                        if stops_the_job(sig) {
-                            break Outcome::Stopped { signal: sig, clean: false };
-                        }
-                    }
-                }
-                attempt += 1;
-            }
+    let outcome = run_attempts(
+        &config,
+        &store,
+        &mut coordinator,
+        &mut signals,
+        &layout,
+        &out,
+        &hostname,
+    )
+    .await;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            console.close();
+            store.close().await;
+            return Err(e);
         }
     };
-
     match &outcome {
         Outcome::Succeeded => out.notice(format!(
             "relaunch: all {} worker(s) finished",
@@ -189,6 +112,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
             layout.root().display()
         )),
     }
+    drop(coordinator);
     console.close();
     store.close().await;
     if matches!(outcome, Outcome::Succeeded) {
@@ -197,42 +121,129 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     Ok(outcome)
 }
 
-/// Readies the store for `attempt`: on one node, deletes the previous
-/// attempt's worker keys; on several, waits until every node has stopped its
-/// previous workers, lets the host delete the keys, and starts all together.
-async fn prepare_attempt(
+/// Attempts until one ends the job.
+#[allow(clippy::too_many_arguments)]
+async fn run_attempts(
+    config: &LaunchConfig,
     store: &JobStore,
-    run_id: &str,
-    attempt: u32,
-    nodes: usize,
-) -> Result<(), LaunchError> {
-    if nodes == 1 {
-        if attempt > 0 {
-            store.clear_worker_keys();
-        }
-        return Ok(());
-    }
-    let timeout = crate::job_store::JOIN_TIMEOUT;
-    let failed = |what: &str, e: relaunch_store::StoreError| {
-        LaunchError::Rendezvous(format!(
-            "not every node {what} attempt {attempt} within {timeout:?}: {e}"
-        ))
+    coordinator: &mut Coordinator,
+    signals: &mut Signals,
+    layout: &LogLayout,
+    out: &ConsoleSender,
+    hostname: &str,
+) -> Result<Outcome, LaunchError> {
+    let failed = || Outcome::Failed {
+        restarts: config.max_restarts,
+        log_dir: layout.root().to_path_buf(),
     };
-    store
-        .client
-        .barrier(keys::attempt_ready(run_id, attempt), nodes as i64, timeout)
-        .await
-        .map_err(|e| failed("reached", e))?;
-    let go = keys::attempt_go(run_id, attempt);
-    if store.is_host() {
-        store.clear_worker_keys();
-        store.client.set(&go, "").await?;
+    // Attempts started on this node; restarts after failures as this node
+    // counts them (an elastic job counts them in the store instead).
+    let mut number: u32 = 0;
+    let mut restarts: u32 = 0;
+    loop {
+        let attempt = tokio::select! {
+            begun = coordinator.begin(config, store, number, restarts) => begun?,
+            signal = signals.recv() => return Ok(Outcome::Stopped { signal, clean: true }),
+        };
+        if attempt.restarts > config.max_restarts {
+            out.notice("relaunch: no restart left".to_string());
+            return Ok(failed());
+        }
+        let place = attempt.placement;
+        if place.nodes > 1 || number > 0 {
+            out.notice(format!(
+                "relaunch: attempt {number}: node {} of {}, ranks {}..{} of {}",
+                place.node_rank,
+                place.nodes,
+                place.first_rank,
+                place.first_rank + config.nproc_per_node - 1,
+                place.world_size
+            ));
+        }
+        let attempt_env = AttemptEnv {
+            role: config.role.clone(),
+            master_addr: store.addr.clone(),
+            master_port: store.port,
+            restart_count: attempt.restarts,
+            max_restarts: config.max_restarts,
+            run_id: config.run_id.clone(),
+            signals: signal_names(&config.signals),
+        };
+        let mut group =
+            WorkerGroup::start(config, &attempt_env, place, layout, number, out, hostname)?;
+        let end = {
+            let remote = coordinator.remote(config, store, &attempt, number).await?;
+            supervise(config, store, &mut group, signals, remote, out).await
+        };
+        group.drain().await;
+        orphans::kill_and_reap(&group.pids());
+        let this = number;
+        number += 1;
+        let (failures, remote) = match end {
+            AttemptEnd::Succeeded => {
+                coordinator.finish(config, store, &attempt, this).await;
+                return Ok(match preempted_elsewhere(store, &config.run_id).await {
+                    // The workers stopped early because another node was
+                    // asked to stop: this node was preempted too.
+                    Some(signal) => Outcome::Stopped {
+                        signal,
+                        clean: true,
+                    },
+                    None => Outcome::Succeeded,
+                });
+            }
+            AttemptEnd::Stopped { signal, clean } => {
+                coordinator.finish(config, store, &attempt, this).await;
+                return Ok(Outcome::Stopped { signal, clean });
+            }
+            AttemptEnd::Failed { failures, remote } => (failures, remote),
+        };
+        match remote {
+            Some(event) => {
+                out.notice(format!("relaunch: {}", event.what));
+                if !event.failure {
+                    // Members changed: restart at once, not counted.
+                    continue;
+                }
+            }
+            None => {
+                out.notice(report::render(
+                    &failures,
+                    hostname,
+                    attempt.restarts,
+                    config.max_restarts,
+                ));
+                let what = format!(
+                    "node {} ({hostname}) had a worker fail in attempt {this}",
+                    place.node_rank
+                );
+                coordinator
+                    .report_failure(config, store, &attempt, this, what)
+                    .await;
+            }
+        }
+        if !coordinator.counts_restarts_globally() {
+            restarts += 1;
+        }
+        if attempt.restarts >= config.max_restarts {
+            return Ok(failed());
+        }
+        let pause = backoff(attempt.restarts);
+        out.notice(format!(
+            "relaunch: restarting all workers in {:.0?} (restart {} of {})",
+            pause,
+            attempt.restarts + 1,
+            config.max_restarts
+        ));
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            signal = signals.recv() => {
+                if stops_the_job(signal) {
+                    return Ok(Outcome::Stopped { signal, clean: false });
+                }
+            }
+        }
     }
-    store
-        .client
-        .wait(&[go], timeout)
-        .await
-        .map_err(|e| failed("started", e))
 }
 
 /// Watches one attempt until it ends.
@@ -241,15 +252,17 @@ async fn supervise(
     store: &JobStore,
     group: &mut WorkerGroup,
     signals: &mut Signals,
-    remote_failure: impl Future<Output = String>,
+    mut remote: Remote<'_>,
     out: &ConsoleSender,
 ) -> AttemptEnd {
-    let mut remote_failure = std::pin::pin!(remote_failure);
     // The first handled signal: once one came, workers that exit are
     // stopping for it, not failing.
     let mut asked: Option<Signal> = None;
     loop {
         tokio::select! {
+            // Exits first: workers that all finished are done, whatever the
+            // other nodes say at the same moment.
+            biased;
             exit = group.next_exit() => match (exit, asked) {
                 (None, None) => return AttemptEnd::Succeeded,
                 (None, Some(signal)) => return AttemptEnd::Stopped { signal, clean: group.all_succeeded() },
@@ -266,17 +279,14 @@ async fn supervise(
                     return AttemptEnd::Failed {
                         // Those still running got SIGTERM (then SIGKILL);
                         // ending by one of those is the launcher's doing.
-                        failures: group.failures(|r, how| {
-                            running.contains(&r)
-                                && matches!(how, ExitKind::Signal(s) if s == Signal::SIGTERM as i32 || s == Signal::SIGKILL as i32)
-                        }),
+                        failures: group.failures(|r, how| running.contains(&r) && stopped_by_us(how)),
                         remote: None,
                     };
                 }
             },
-            what = &mut remote_failure, if asked.is_none() => {
+            event = &mut remote, if asked.is_none() => {
                 group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
-                return AttemptEnd::Failed { failures: Vec::new(), remote: Some(what) };
+                return AttemptEnd::Failed { failures: Vec::new(), remote: Some(event) };
             }
             signal = signals.recv() => {
                 if asked.is_none() {
@@ -297,6 +307,10 @@ async fn supervise(
             }
         }
     }
+}
+
+fn stopped_by_us(how: ExitKind) -> bool {
+    matches!(how, ExitKind::Signal(s) if s == Signal::SIGTERM as i32 || s == Signal::SIGKILL as i32)
 }
 
 /// The signal another node (or a worker) announced, if the job was asked to
@@ -365,53 +379,13 @@ async fn stop_after_signal(
     group.all_succeeded()
 }
 
-/// Completes when another node reports a failure in `attempt`; never for a
-/// single node.
-async fn remote_failure(
-    store: &JobStore,
-    run_id: &str,
-    attempt: u32,
-    nodes: usize,
-) -> Result<impl Future<Output = String> + use<>, LaunchError> {
-    // Its own connection: a pending WAIT occupies one.
-    let watcher = if nodes > 1 {
-        Some(
-            relaunch_store::StoreClient::connect(
-                store.addr.clone(),
-                store.port,
-                store.client.options().clone(),
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
-    let key = keys::attempt_failed(run_id, attempt);
-    Ok(async move {
-        let Some(watcher) = watcher else {
-            return std::future::pending().await;
-        };
-        loop {
-            match watcher.get(&key).await {
-                Ok(what) => return String::from_utf8_lossy(&what).into_owned(),
-                // The job runs longer than the store timeout: wait again.
-                Err(e) if e.kind() == relaunch_store::ErrorKind::Timeout => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "lost the store while watching the other nodes");
-                    return std::future::pending().await;
-                }
-            }
-        }
-    })
-}
-
 fn running_ranks(group: &WorkerGroup) -> BTreeSet<usize> {
     group.running_ranks().collect()
 }
 
-fn backoff(attempt: u32) -> Duration {
+fn backoff(restarts: u32) -> Duration {
     BACKOFF_START
-        .saturating_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX))
+        .saturating_mul(1u32.checked_shl(restarts).unwrap_or(u32::MAX))
         .min(BACKOFF_MAX)
 }
 

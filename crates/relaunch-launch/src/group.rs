@@ -1,7 +1,7 @@
 //! One attempt's workers on this node: start them all, report each exit,
 //! stop them all with a grace period.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -66,11 +66,13 @@ pub struct Placement {
 impl WorkerGroup {
     /// Starts one worker per local rank. On a failure to start any of
     /// them, the ones already started are killed.
+    /// `number` counts this node's attempts and names their log directories.
     pub fn start(
         config: &LaunchConfig,
         attempt: &AttemptEnv,
         placement: Placement,
         layout: &LogLayout,
+        number: u32,
         console: &ConsoleSender,
         hostname: &str,
     ) -> Result<Self, LaunchError> {
@@ -89,9 +91,10 @@ impl WorkerGroup {
                 world_size: placement.world_size,
                 nodes: placement.nodes,
             };
-            if let Err(e) =
-                group.start_one(config, attempt, place, layout, console, hostname, &exit_tx)
-            {
+            let started = layout.rank_dir(number, local_rank).and_then(|dir| {
+                group.start_one(config, attempt, place, &dir, console, hostname, &exit_tx)
+            });
+            if let Err(e) = started {
                 group.kill_all();
                 return Err(e);
             }
@@ -105,16 +108,15 @@ impl WorkerGroup {
         config: &LaunchConfig,
         attempt: &AttemptEnv,
         place: WorkerPlace,
-        layout: &LogLayout,
+        dir: &Path,
         console: &ConsoleSender,
         hostname: &str,
         exit_tx: &mpsc::UnboundedSender<Exit>,
     ) -> Result<(), LaunchError> {
-        let dir = layout.rank_dir(attempt.restart_count, place.local_rank)?;
         let error_file = dir.join("error.json");
         // A stale file would be read as this attempt's error.
         let _ = std::fs::remove_file(&error_file);
-        let env = worker_env(attempt, place, &error_file, &dir, |k| std::env::var(k).ok());
+        let env = worker_env(attempt, place, &error_file, dir, |k| std::env::var(k).ok());
         let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank)?;
         let pid = child
             .id()

@@ -5,7 +5,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use relaunch_store::{ClientOptions, RunningServer, ServerOptions, StoreClient, StoreServer};
+use relaunch_store::{
+    ClientOptions, RunningServer, ServerOptions, StoreClient, StoreError, StoreServer,
+};
 
 use crate::config::{LaunchConfig, RendezvousConfig};
 use crate::error::LaunchError;
@@ -39,22 +41,33 @@ impl JobStore {
                 (host.clone(), *port, is_local_host(host).await)
             }
         };
+        let elastic = matches!(config.rendezvous, RendezvousConfig::Dynamic { .. });
         let server = if host {
             let options = ServerOptions {
                 host: bind_host(&addr).await,
                 port,
                 ..ServerOptions::default()
             };
-            let server = StoreServer::bind(&options).await.map_err(|e| {
-                LaunchError::Rendezvous(format!(
-                    "cannot host the job's store on {addr}:{port}: {e}; \
-                     another job may use that port (omit --master-port on a single node to pick a free one)"
-                ))
-            })?;
-            Some(server.spawn()?)
+            match StoreServer::bind(&options).await {
+                Ok(server) => Some(server.spawn()?),
+                // Elastic: another launcher on this host got there first and
+                // hosts it; join, as torchrun's agents do.
+                Err(StoreError::Bind { source, .. })
+                    if elastic && source.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    None
+                }
+                Err(e) => {
+                    return Err(LaunchError::Rendezvous(format!(
+                        "cannot host the job's store on {addr}:{port}: {e}; another job may use \
+                         that port (omit --master-port on a single node to pick a free one)"
+                    )));
+                }
+            }
         } else {
             None
         };
+        let host = server.is_some();
         let port = server.as_ref().map_or(port, RunningServer::port);
         let options = ClientOptions {
             timeout: JOIN_TIMEOUT,
@@ -82,6 +95,15 @@ impl JobStore {
             let gone = server.retain_keys(crate::keys::is_launcher_key);
             tracing::debug!(gone, "deleted the previous attempt's keys");
         }
+    }
+
+    /// Another connection to the same store, for a task that blocks in a
+    /// WAIT while the launcher goes on using its own.
+    pub(crate) async fn connect_again(&self) -> Result<StoreClient, LaunchError> {
+        Ok(
+            StoreClient::connect(self.addr.clone(), self.port, self.client.options().clone())
+                .await?,
+        )
     }
 
     /// Whether this launcher hosts the store.

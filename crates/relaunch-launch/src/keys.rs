@@ -1,6 +1,9 @@
-//! Store keys of the launchers' own coordination, all under
-//! `relaunch/RUN_ID/`, so they never meet torch's keys (`/worker/...`,
-//! `default_pg/...`).
+//! Store keys of relaunch's own coordination, all under `relaunch/RUN_ID/`,
+//! so they never meet torch's keys (`/worker/...`, `default_pg/...`).
+//!
+//! Keys under `relaunch/RUN_ID/workers/` belong to one attempt's workers
+//! (`relaunch.preemption`) and are deleted with torch's keys between
+//! attempts; the rest belong to the launchers and last the whole job.
 
 /// Barrier that every node reaches before starting attempt `attempt`.
 pub fn attempt_ready(run_id: &str, attempt: u32) -> String {
@@ -14,9 +17,21 @@ pub fn attempt_go(run_id: &str, attempt: u32) -> String {
     format!("relaunch/{run_id}/attempt/{attempt}/go")
 }
 
+/// Exit barrier of a finished attempt: every node arrives before any
+/// leaves, so the node hosting the store does not close it under the others.
+pub fn done(run_id: &str, attempt: u64) -> String {
+    format!("relaunch/{run_id}/attempt/{attempt}/done")
+}
+
 /// Whether `key` belongs to the launchers (and survives between attempts).
 pub fn is_launcher_key(key: &[u8]) -> bool {
-    key.starts_with(b"relaunch/")
+    let Some(rest) = key.strip_prefix(b"relaunch/") else {
+        return false;
+    };
+    match rest.iter().position(|&b| b == b'/') {
+        Some(slash) => !rest[slash + 1..].starts_with(b"workers/"),
+        None => true,
+    }
 }
 
 /// Set by the first node whose worker failed in `attempt`; its value says
@@ -29,11 +44,26 @@ pub fn attempt_failed(run_id: &str, attempt: u32) -> String {
 /// any node's launcher, or by a worker that got one. Workers wait on it
 /// (`relaunch.preemption`) so that every rank hears of it, on every node.
 pub fn preempt(run_id: &str) -> String {
-    format!("relaunch/{run_id}/preempt")
+    format!("relaunch/{run_id}/workers/preempt")
 }
 
 /// The step at which every rank stops, agreed by `relaunch.preemption.reached`:
 /// the first rank to propose one sets it with COMPARE_SET; the others adopt it.
 pub fn stop_step(run_id: &str) -> String {
-    format!("relaunch/{run_id}/stop_step")
+    format!("relaunch/{run_id}/workers/stop_step")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_keys_are_not_launcher_keys() {
+        assert!(is_launcher_key(attempt_ready("r", 1).as_bytes()));
+        assert!(is_launcher_key(b"relaunch/r/rdzv/round/0/joined"));
+        assert!(!is_launcher_key(preempt("r").as_bytes()));
+        assert!(!is_launcher_key(stop_step("r").as_bytes()));
+        assert!(!is_launcher_key(b"/worker/attempt_0/rank_0"));
+        assert!(!is_launcher_key(b"default_pg/0//cpu//0/0"));
+    }
 }

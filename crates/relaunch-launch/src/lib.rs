@@ -10,6 +10,7 @@
 mod agent;
 pub mod config;
 pub mod console;
+mod coordinate;
 pub mod env;
 mod error;
 pub mod group;
@@ -18,6 +19,7 @@ pub mod keys;
 pub mod lines;
 pub mod logs;
 mod orphans;
+pub mod rendezvous;
 pub mod report;
 mod signals;
 pub mod worker;
