@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -95,3 +98,53 @@ def test_a_malformed_client_is_logged_and_others_carry_on(store_server):
     log = "".join(store_server.log)
     assert "closing connection" in log
     assert "not a TCPStore client" in log
+
+
+def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*RELAUNCH, "doctor", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_doctor_checks_the_host_and_finds_torch():
+    out = doctor()
+    assert out.returncode == 0, out.stdout
+    for check in ["locked memory", "/dev/shm", "open files", "hostname", "rendezvous port"]:
+        assert check in out.stdout
+    assert re.search(r"ok +python +.*: torch 2\.\d+", out.stdout), out.stdout
+
+
+def test_doctor_fails_on_a_missing_interface_and_says_what_to_do():
+    env = dict(os.environ, NCCL_SOCKET_IFNAME="=nosuch0")
+    out = doctor("--format", "json", env=env)
+    assert out.returncode == 1
+    findings = {f["check"]: f for f in json.loads(out.stdout)}
+    net = findings["network interfaces"]
+    assert net["level"] == "fail"
+    assert "names =nosuch0 but this host has" in net["found"]
+    assert "set NCCL_SOCKET_IFNAME to one of the interfaces" in net["fix"]
+
+
+def test_doctor_fails_on_a_taken_port():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        out = doctor("--port", str(busy.getsockname()[1]))
+    assert out.returncode == 1
+    assert "FAIL  rendezvous port" in out.stdout
+
+
+def test_run_warns_about_host_problems_before_starting(tmp_path):
+    env = dict(os.environ, https_proxy="http://proxy.invalid:3128")
+    env.pop("no_proxy", None)
+    env.pop("NO_PROXY", None)
+    out = subprocess.run(
+        [*RELAUNCH, "run", "--no-python", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0
+    assert "relaunch: warning: proxies: https_proxy=http://proxy.invalid:3128" in out.stderr
+    assert "(see `relaunch doctor`)" in out.stderr

@@ -36,9 +36,33 @@ pub struct Cli {
 pub enum Command {
     /// Launch a distributed job, like torchrun (same flags, same worker environment).
     Run(Box<RunArgs>),
+    /// Check this host for what breaks distributed training, and say what to change.
+    Doctor(DoctorArgs),
     /// The rendezvous store: a key-value server that PyTorch's TCPStore clients use unmodified.
     #[command(subcommand)]
     Store(StoreCommand),
+}
+
+/// Options of `relaunch doctor`.
+#[derive(Clone, Debug, Args)]
+pub struct DoctorArgs {
+    /// The rendezvous port to check (--master-port or the --rdzv-endpoint port).
+    #[arg(long, default_value_t = 29500)]
+    pub port: u16,
+
+    /// Nodes the job will use; more than 1 makes multi-node pitfalls warnings.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub nnodes: usize,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: DoctorFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DoctorFormat {
+    Text,
+    Json,
 }
 
 /// `--rdzv-backend`.

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use cli::{Cli, Command, RunArgs, ServeArgs, StoreCommand};
+pub use cli::{Cli, Command, DoctorArgs, RunArgs, ServeArgs, StoreCommand};
 
 /// What the caller knows that the command line does not say.
 #[derive(Clone, Debug, Default)]
@@ -64,6 +64,7 @@ where
 fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
     match command {
         Command::Run(args) => commands::run::run(args, context),
+        Command::Doctor(args) => commands::doctor::run(args, context),
         Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args).map(|()| 0),
     }
 }

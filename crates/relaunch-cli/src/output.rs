@@ -1,12 +1,20 @@
 //! What the CLI prints for people and scripts; the one place that writes to
 //! the terminal directly. Diagnostics go through `tracing` instead.
 
-#![allow(clippy::print_stderr)]
+#![allow(clippy::print_stderr, clippy::print_stdout)]
 
 /// A status line on stderr that scripts may wait for, such as
 /// `listening on 127.0.0.1:29400`.
 pub(crate) fn status(line: &str) {
     eprintln!("{line}");
+}
+
+/// A report for people, on stdout.
+pub(crate) fn text(report: &str) {
+    print!("{report}");
+    if !report.ends_with('\n') {
+        println!();
+    }
 }
 
 /// The final error of a failed command, with its chain of causes; a cause

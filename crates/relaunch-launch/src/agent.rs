@@ -54,6 +54,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     let layout = LogLayout::create(config.log_dir.as_deref(), &config.run_id)?;
     let console = Console::start();
     let out = console.sender();
+    warn_about_host(&config, &out);
     let store = JobStore::open(&config).await?;
     let mut coordinator = Coordinator::new(&config, &store, &hostname).await?;
     out.notice(format!(
@@ -119,6 +120,21 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
         layout.cleanup();
     }
     Ok(outcome)
+}
+
+/// The free preflight checks: one line per problem found, before anything
+/// starts (`relaunch doctor` runs them all, and says more).
+fn warn_about_host(config: &LaunchConfig, out: &ConsoleSender) {
+    let multi_node = config.nnodes.max > 1;
+    for f in crate::doctor::quick(&crate::doctor::Host::probe(), multi_node) {
+        if f.level >= crate::doctor::Level::Warn {
+            let fix = f.fix.map_or(String::new(), |fix| format!("; {fix}"));
+            out.notice(format!(
+                "relaunch: warning: {}: {}{fix} (see `relaunch doctor`)",
+                f.check, f.found
+            ));
+        }
+    }
 }
 
 /// Attempts until one ends the job.

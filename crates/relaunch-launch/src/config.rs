@@ -75,6 +75,11 @@ pub fn visible_gpus() -> usize {
             .filter(|d| !d.trim().is_empty() && d.trim() != "-1")
             .count();
     }
+    visible_gpus_from_devices()
+}
+
+/// NVIDIA GPU device files: `/dev/nvidia0`, `/dev/nvidia1`, ...
+pub fn visible_gpus_from_devices() -> usize {
     std::fs::read_dir("/dev").map_or(0, |entries| {
         entries
             .filter_map(Result::ok)

@@ -11,6 +11,7 @@ mod agent;
 pub mod config;
 pub mod console;
 mod coordinate;
+pub mod doctor;
 pub mod env;
 mod error;
 pub mod group;

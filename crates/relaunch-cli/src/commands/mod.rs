@@ -1,4 +1,5 @@
 //! One module per subcommand.
 
+pub(crate) mod doctor;
 pub(crate) mod run;
 pub(crate) mod store;
