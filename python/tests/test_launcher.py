@@ -478,11 +478,11 @@ def test_preemption_outside_the_launcher_stops_at_the_next_step(tmp_path):
 # -- elastic rendezvous ---------------------------------------------------------
 
 
-def elastic(launcher, port: int, run_id: str, *train_args, extra=()):
+def elastic(launcher, port: int, run_id: str, *train_args, extra=(), conf="last_call_timeout=1"):
     return launcher(
         "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-        "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2",
+        "--rdzv-conf", conf, "--monitor-interval", "0.2",
         "--shutdown-timeout", "5", *extra, TRAIN, *train_args,
     )  # fmt: skip
 
@@ -528,5 +528,30 @@ def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
     assert code == 0, err
     assert "attempt 1: node 0 of 1" in err
     assert re.search(r"rank 0/2 attempt 1: starting at step [1-9]\d", out), out
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert [(r["attempt"], r["step"]) for r in reports] == [(1, 119), (1, 119)]
+
+
+def test_a_hung_node_is_left_out_after_its_heartbeats_stop(launcher, tmp_path):
+    port = free_port()
+    ckpt = tmp_path / "ckpt"
+    args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
+    conf = "last_call_timeout=1,keep_alive_timeout=3"
+    extra = ("--max-restarts", "1")
+    host = elastic(launcher, port, "elastic-hung", *args, extra=extra, conf=conf)
+    wait_for(lambda: listening(port), 60, "the first node to host the store")
+    other = elastic(launcher, port, "elastic-hung", *args, extra=extra, conf=conf)
+    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
+    frozen = [other.pid, *children(other.pid)]
+    for pid in frozen:  # the node hangs: nothing of it runs, nothing closes
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        code, _, err = finish(host)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+    assert code == 0, err
+    assert "node 1 sent no heartbeat for 3s" in err
+    assert "attempt 1: node 0 of 1" in err
     reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     assert [(r["attempt"], r["step"]) for r in reports] == [(1, 119), (1, 119)]
