@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_serve_stops_cleanly_on_signals(sig):
     client.set("k", "v")
     assert client.get("k") == b"v"  # SET has no reply: make sure it was applied
     server.proc.send_signal(sig)
-    assert server.proc.wait(10) == 0
+    assert server.stop() == 0  # waits for the exit and for the whole log
     log = "".join(server.log)
     assert "store shutting down" in log
     assert "connections=1" in log and "keys=1" in log
@@ -95,9 +96,12 @@ def test_a_malformed_client_is_logged_and_others_carry_on(store_server):
         bad.sendall(b"GET / HTTP/1.1\r\n\r\n")
         assert bad.recv(1) == b""  # closed by the server
     assert good.get("k") == b"v"
-    log = "".join(store_server.log)
-    assert "closing connection" in log
-    assert "not a TCPStore client" in log
+    # The log arrives through a pipe read by another thread: wait for it.
+    deadline = time.monotonic() + 10
+    while "closing connection" not in "".join(store_server.log):
+        assert time.monotonic() < deadline, "".join(store_server.log)
+        time.sleep(0.02)
+    assert "not a TCPStore client" in "".join(store_server.log)
 
 
 def doctor(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

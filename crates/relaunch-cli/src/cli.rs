@@ -259,7 +259,7 @@ pub struct RunArgs {
     )]
     pub local_ranks_filter: Option<String>,
 
-    /// Address of this node for other nodes [default: its hostname].
+    /// Accepted for torchrun compatibility; has no effect (a warning says so).
     #[arg(
         long = "local-addr",
         visible_alias = "local_addr",

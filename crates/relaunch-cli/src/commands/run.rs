@@ -208,6 +208,13 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
         entrypoint,
     };
     config.validate().map_err(|e| e.to_string())?;
+    if let Some(addr) = &args.local_addr {
+        // Accepted so that torchrun command lines work; say it does nothing.
+        tracing::warn!(
+            "--local-addr {addr} has no effect: workers reach the store at the rendezvous host, \
+             and Gloo/NCCL choose interfaces from GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
+        );
+    }
     Ok(config)
 }
 
