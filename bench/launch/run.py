@@ -24,29 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from relaunch._subprocess import alive, children
+
 ROOT = Path(__file__).resolve().parents[2]
+
 BIN = Path(sys.executable).parent
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def overhead(cmd: list[str], nproc: int) -> float:

@@ -1,4 +1,5 @@
-"""Runs ``relaunch store serve`` as a child process (for the demo and the tests)."""
+"""Child processes for the examples, tests and benchmarks: ``relaunch store
+serve`` as a child, and what ``/proc`` says of a process tree."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 _LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
 
@@ -74,3 +76,29 @@ class StoreProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from relaunch._subprocess import alive, children
+
 HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
 TRAIN = HERE.parents[1] / "examples" / "train.py"
@@ -28,28 +30,6 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    """Running, not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rfind(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
 
 
 @pytest.fixture

@@ -64,20 +64,28 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
             .filter(|id| !id.is_empty()),
     };
     let rdzv_conf = parse_rdzv_conf(&args.rdzv_conf)?;
-
     let single_node = args.nnodes.max == 1;
-    let (rendezvous, run_id) = if args.standalone {
+    // Every node must agree without talking first: torchrun's "none" on
+    // several nodes, a fresh id on one.
+    let run_id = explicit_id.unwrap_or_else(|| {
+        if single_node {
+            new_run_id()
+        } else {
+            "none".into()
+        }
+    });
+
+    let rendezvous = if args.standalone {
         if !single_node {
             return Err(format!(
                 "--standalone runs one node, but --nnodes is {}:{}",
                 args.nnodes.min, args.nnodes.max
             ));
         }
-        let rendezvous = RendezvousConfig::Static {
+        RendezvousConfig::Static {
             master_addr: "localhost".into(),
             master_port: None,
-        };
-        (rendezvous, explicit_id.unwrap_or_else(new_run_id))
+        }
     } else {
         match args.rdzv_backend {
             RdzvBackend::Static => {
@@ -105,22 +113,10 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
                         "a node other than 0 needs --master-addr: the address of node 0".into(),
                     );
                 }
-                let run_id = explicit_id.unwrap_or_else(|| {
-                    // Every node must agree without talking first: torchrun's
-                    // "none" on several nodes, a fresh id on one.
-                    if single_node {
-                        new_run_id()
-                    } else {
-                        "none".into()
-                    }
-                });
-                (
-                    RendezvousConfig::Static {
-                        master_addr,
-                        master_port,
-                    },
-                    run_id,
-                )
+                RendezvousConfig::Static {
+                    master_addr,
+                    master_port,
+                }
             }
             RdzvBackend::C10d => {
                 let endpoint = args.rdzv_endpoint.as_deref().unwrap_or(if single_node {
@@ -139,22 +135,12 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
                             .into(),
                     );
                 }
-                let id = explicit_id.unwrap_or_else(|| {
-                    if single_node {
-                        new_run_id()
-                    } else {
-                        "none".into()
-                    }
-                });
-                (
-                    RendezvousConfig::Dynamic {
-                        host,
-                        port,
-                        id: id.clone(),
-                        conf: rdzv_conf,
-                    },
-                    id,
-                )
+                RendezvousConfig::Dynamic {
+                    host,
+                    port,
+                    id: run_id.clone(),
+                    conf: rdzv_conf,
+                }
             }
         }
     };
