@@ -38,9 +38,50 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Check this host for what breaks distributed training, and say what to change.
     Doctor(DoctorArgs),
+    /// The tracking server: runs, metrics, console logs and events, stored in a data directory.
+    Server(ServerArgs),
     /// The rendezvous store: a key-value server that PyTorch's TCPStore clients use unmodified.
     #[command(subcommand)]
     Store(StoreCommand),
+}
+
+/// Options of `relaunch server`.
+#[derive(Clone, Debug, Args)]
+pub struct ServerArgs {
+    /// Where the database and files live (created if missing).
+    #[arg(
+        long,
+        env = "RELAUNCH_DATA_DIR",
+        default_value = "relaunch-data",
+        value_name = "DIR"
+    )]
+    pub data_dir: PathBuf,
+
+    /// Address to listen on; anything but loopback needs --token.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 8765)]
+    pub port: u16,
+
+    /// Token every request must carry (Authorization: Bearer TOKEN) [env: RELAUNCH_SERVER_TOKEN].
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Largest request body accepted; larger ones get 413 with this limit in the message.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_request_bytes: usize,
+
+    /// What an acknowledged write survives: fsync (power loss) or process (the server being killed).
+    #[arg(long, value_enum, default_value = "fsync")]
+    pub durability: DurabilityArg,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    Fsync,
+    Process,
 }
 
 /// Options of `relaunch doctor`.

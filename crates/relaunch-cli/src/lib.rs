@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use cli::{Cli, Command, DoctorArgs, RunArgs, ServeArgs, StoreCommand};
+pub use cli::{Cli, Command, DoctorArgs, RunArgs, ServeArgs, ServerArgs, StoreCommand};
 
 /// What the caller knows that the command line does not say.
 #[derive(Clone, Debug, Default)]
@@ -65,6 +65,7 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
     match command {
         Command::Run(args) => commands::run::run(args, context),
         Command::Doctor(args) => commands::doctor::run(args, context),
+        Command::Server(args) => commands::server::run(args),
         Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args).map(|()| 0),
     }
 }

@@ -76,3 +76,24 @@ fn run_with_contradictory_flags_fails_before_starting() {
     assert_eq!(code, 2);
     insta::assert_snapshot!(stderr);
 }
+
+#[test]
+fn server_on_an_exposed_address_needs_a_token_before_listening() {
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        .args(["server", "--host", "0.0.0.0", "--port", "0", "--data-dir"])
+        .arg(std::env::temp_dir().join("relaunch-cli-never-created"))
+        .env_remove("RELAUNCH_SERVER_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    insta::assert_snapshot!(String::from_utf8_lossy(&out.stderr));
+    assert!(!std::env::temp_dir().join("relaunch-cli-never-created").exists());
+}
+
+#[test]
+fn server_with_a_bad_durability_lists_the_choices() {
+    let (code, _, stderr) = relaunch(&["server", "--durability", "sometimes"]);
+    assert_eq!(code, 2);
+    insta::assert_snapshot!(stderr);
+}

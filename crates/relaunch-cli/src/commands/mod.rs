@@ -2,4 +2,5 @@
 
 pub(crate) mod doctor;
 pub(crate) mod run;
+pub(crate) mod server;
 pub(crate) mod store;

@@ -1,0 +1,424 @@
+//! The batch format of `POST /api/v1/runs/{id}/batches`
+//! (`application/x-relaunch-batch`): the records of one writer, each with
+//! its sequence number, compact and little-endian.
+//!
+//! ```text
+//! "RLB2"
+//! writer          str16 (u16 length + UTF-8)   one spool: one process of one attempt
+//! attempt_token   str16                        the attempt it belongs to
+//! records         u32 n, n × record, seq strictly increasing
+//! record = seq u64, body
+//! body   = kind u8, then
+//!   metrics (1): step i64, wall f64, rank u32, u16 n, n × (key str16, value f64)   one log() call
+//!   log     (2): rank u32, stream u8 (0 stdout, 1 stderr), wall f64, text str32
+//!   event   (3): kind str16, wall f64, text str32, data str32 (JSON)
+//! ```
+//!
+//! A record's body is also what the client's spool stores, so shipping is
+//! concatenation. A writer numbers its records 1, 2, 3, ... without gaps;
+//! the server stores those above its watermark for the writer, once, and
+//! refuses a batch that would leave a gap.
+
+use crate::types::Stream;
+
+pub const MAGIC: &[u8; 4] = b"RLB2";
+pub const CONTENT_TYPE: &str = "application/x-relaunch-batch";
+
+/// Longest writer id or attempt token.
+pub const MAX_ID: usize = 256;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    /// One `log()` call: values of several keys at one step.
+    Metrics {
+        step: i64,
+        wall: f64,
+        rank: u32,
+        values: Vec<(String, f64)>,
+    },
+    Log {
+        rank: u32,
+        stream: Stream,
+        wall: f64,
+        text: String,
+    },
+    Event {
+        kind: String,
+        wall: f64,
+        text: String,
+        data: String,
+    },
+}
+
+/// A decoded batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    pub writer: String,
+    pub attempt_token: String,
+    /// `(seq, record)`, seq strictly increasing.
+    pub records: Vec<(u64, Record)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("not a relaunch batch (it should start with \"RLB2\")")]
+    Magic,
+    #[error("the batch ends in the middle of {0}")]
+    Truncated(&'static str),
+    #[error("unknown record kind {0}")]
+    Kind(u8),
+    #[error("sequence numbers must increase: {then} after {before}")]
+    Order { before: u64, then: u64 },
+    #[error("{0} is not UTF-8")]
+    Utf8(&'static str),
+    #[error("{what} of {len} bytes; the most is {MAX_ID}")]
+    TooLong { what: &'static str, len: usize },
+    #[error("{0} bytes follow the last record")]
+    Trailing(usize),
+}
+
+/// Appends the header of a batch whose `count` records follow (each as
+/// [`put_record_with_seq`]).
+pub fn put_header(out: &mut Vec<u8>, writer: &str, attempt_token: &str, count: u32) {
+    out.extend_from_slice(MAGIC);
+    put_str16(out, writer);
+    put_str16(out, attempt_token);
+    out.extend_from_slice(&count.to_le_bytes());
+}
+
+/// Appends `seq` and an already encoded record body.
+pub fn put_record_with_seq(out: &mut Vec<u8>, seq: u64, body: &[u8]) {
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+impl Batch {
+    /// Appends the wire form to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        put_header(
+            out,
+            &self.writer,
+            &self.attempt_token,
+            self.records.len() as u32,
+        );
+        for (seq, record) in &self.records {
+            out.extend_from_slice(&seq.to_le_bytes());
+            record.encode(out);
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, BatchError> {
+        let mut r = Reader { bytes, pos: 0 };
+        if r.take(4, "the header")? != MAGIC {
+            return Err(BatchError::Magic);
+        }
+        let writer = r.str16("the writer id")?;
+        let attempt_token = r.str16("the attempt token")?;
+        for (what, s) in [("writer id", &writer), ("attempt token", &attempt_token)] {
+            if s.len() > MAX_ID {
+                return Err(BatchError::TooLong { what, len: s.len() });
+            }
+        }
+        let count = r.u32("the record count")? as usize;
+        // Every record takes at least 9 bytes: bound the allocation by what arrived.
+        let mut records = Vec::with_capacity(count.min(bytes.len() / 9));
+        let mut last: Option<u64> = None;
+        for _ in 0..count {
+            let seq = r.u64("a sequence number")?;
+            if let Some(before) = last
+                && seq <= before
+            {
+                return Err(BatchError::Order { before, then: seq });
+            }
+            last = Some(seq);
+            records.push((seq, Record::decode_from(&mut r)?));
+        }
+        if r.pos != bytes.len() {
+            return Err(BatchError::Trailing(bytes.len() - r.pos));
+        }
+        Ok(Self {
+            writer,
+            attempt_token,
+            records,
+        })
+    }
+}
+
+impl Record {
+    /// Appends the record's body (what the spool stores).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Record::Metrics {
+                step,
+                wall,
+                rank,
+                values,
+            } => {
+                out.push(1);
+                out.extend_from_slice(&step.to_le_bytes());
+                out.extend_from_slice(&wall.to_le_bytes());
+                out.extend_from_slice(&rank.to_le_bytes());
+                out.extend_from_slice(&(values.len().min(u16::MAX as usize) as u16).to_le_bytes());
+                for (key, value) in values.iter().take(u16::MAX as usize) {
+                    put_str16(out, key);
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
+            }
+            Record::Log {
+                rank,
+                stream,
+                wall,
+                text,
+            } => {
+                out.push(2);
+                out.extend_from_slice(&rank.to_le_bytes());
+                out.push(match stream {
+                    Stream::Stdout => 0,
+                    Stream::Stderr => 1,
+                });
+                out.extend_from_slice(&wall.to_le_bytes());
+                put_str32(out, text);
+            }
+            Record::Event {
+                kind,
+                wall,
+                text,
+                data,
+            } => {
+                out.push(3);
+                put_str16(out, kind);
+                out.extend_from_slice(&wall.to_le_bytes());
+                put_str32(out, text);
+                put_str32(out, data);
+            }
+        }
+    }
+
+    /// Decodes one body, which must be all of `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, BatchError> {
+        let mut r = Reader { bytes, pos: 0 };
+        let record = Self::decode_from(&mut r)?;
+        if r.pos != bytes.len() {
+            return Err(BatchError::Trailing(bytes.len() - r.pos));
+        }
+        Ok(record)
+    }
+
+    fn decode_from(r: &mut Reader<'_>) -> Result<Self, BatchError> {
+        Ok(match r.u8("a record kind")? {
+            1 => {
+                let step = r.i64("metrics")?;
+                let wall = r.f64("metrics")?;
+                let rank = r.u32("metrics")?;
+                let n = r.u16("metrics")? as usize;
+                let mut values = Vec::with_capacity(n.min(r.remaining() / 10));
+                for _ in 0..n {
+                    values.push((r.str16("a metric key")?, r.f64("a metric value")?));
+                }
+                Record::Metrics {
+                    step,
+                    wall,
+                    rank,
+                    values,
+                }
+            }
+            2 => Record::Log {
+                rank: r.u32("a log line")?,
+                stream: match r.u8("a log line")? {
+                    0 => Stream::Stdout,
+                    _ => Stream::Stderr,
+                },
+                wall: r.f64("a log line")?,
+                text: r.str32("a log line")?,
+            },
+            3 => Record::Event {
+                kind: r.str16("an event")?,
+                wall: r.f64("an event")?,
+                text: r.str32("an event")?,
+                data: r.str32("an event")?,
+            },
+            other => return Err(BatchError::Kind(other)),
+        })
+    }
+}
+
+fn put_str16(out: &mut Vec<u8>, s: &str) {
+    let mut end = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.extend_from_slice(&(end as u16).to_le_bytes());
+    out.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+fn put_str32(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], BatchError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or(BatchError::Truncated(what))?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], BatchError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, BatchError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, BatchError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, BatchError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, BatchError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+    fn i64(&mut self, what: &'static str) -> Result<i64, BatchError> {
+        Ok(i64::from_le_bytes(self.array(what)?))
+    }
+    fn f64(&mut self, what: &'static str) -> Result<f64, BatchError> {
+        Ok(f64::from_le_bytes(self.array(what)?))
+    }
+    fn str16(&mut self, what: &'static str) -> Result<String, BatchError> {
+        let n = self.u16(what)? as usize;
+        let bytes = self.take(n, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| BatchError::Utf8(what))
+    }
+    fn str32(&mut self, what: &'static str) -> Result<String, BatchError> {
+        let n = self.u32(what)? as usize;
+        let bytes = self.take(n, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| BatchError::Utf8(what))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Batch {
+        Batch {
+            writer: "w-abc".into(),
+            attempt_token: "launch-1:0".into(),
+            records: vec![
+                (
+                    1,
+                    Record::Metrics {
+                        step: 7,
+                        wall: 1.5,
+                        rank: 3,
+                        values: vec![("loss".into(), 0.5), ("acc".into(), f64::NAN)],
+                    },
+                ),
+                (
+                    2,
+                    Record::Log {
+                        rank: 0,
+                        stream: Stream::Stderr,
+                        wall: 2.0,
+                        text: "épochs\ttab".into(),
+                    },
+                ),
+                (
+                    5,
+                    Record::Event {
+                        kind: "restart".into(),
+                        wall: 3.0,
+                        text: "rank 1 failed".into(),
+                        data: "{\"code\":1}".into(),
+                    },
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn roundtrip() {
+        let batch = sample();
+        let mut bytes = Vec::new();
+        batch.encode(&mut bytes);
+        let back = Batch::decode(&bytes).unwrap();
+        // NaN != NaN: compare the encodings.
+        let mut again = Vec::new();
+        back.encode(&mut again);
+        assert_eq!(again, bytes);
+        assert_eq!(back.writer, "w-abc");
+    }
+
+    #[test]
+    fn a_batch_is_its_header_and_record_bodies() {
+        let batch = sample();
+        let mut by_parts = Vec::new();
+        put_header(&mut by_parts, &batch.writer, &batch.attempt_token, 3);
+        for (seq, record) in &batch.records {
+            let mut body = Vec::new();
+            record.encode(&mut body);
+            assert_eq!(Record::decode(&body).unwrap().encode_to_vec(), body);
+            put_record_with_seq(&mut by_parts, *seq, &body);
+        }
+        let mut whole = Vec::new();
+        batch.encode(&mut whole);
+        assert_eq!(by_parts, whole);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_never_a_panic() {
+        let mut bytes = Vec::new();
+        sample().encode(&mut bytes);
+        for cut in 0..bytes.len() {
+            assert!(Batch::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        bytes.push(0);
+        assert_eq!(Batch::decode(&bytes), Err(BatchError::Trailing(1)));
+    }
+
+    #[test]
+    fn bad_batches_say_what_is_wrong() {
+        assert_eq!(Batch::decode(b"JSON{}"), Err(BatchError::Magic));
+        let mut unordered = sample();
+        unordered.records[2].0 = 1;
+        let mut bytes = Vec::new();
+        unordered.encode(&mut bytes);
+        assert_eq!(
+            Batch::decode(&bytes),
+            Err(BatchError::Order { before: 2, then: 1 })
+        );
+        // A huge record count with no records does not allocate for it.
+        let mut bytes = Vec::new();
+        put_header(&mut bytes, "w", "t", u32::MAX);
+        assert!(matches!(
+            Batch::decode(&bytes),
+            Err(BatchError::Truncated(_))
+        ));
+        assert_eq!(Record::decode(&[9]), Err(BatchError::Kind(9)));
+    }
+
+    impl Record {
+        fn encode_to_vec(&self) -> Vec<u8> {
+            let mut v = Vec::new();
+            self.encode(&mut v);
+            v
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! The tracking server's HTTP API as data: JSON request and response types
+//! ([`types`]) and the binary batch format for bulk metrics, console lines
+//! and events ([`batch`]). The server and the client both depend on this
+//! crate and never on each other.
+
+pub mod batch;
+pub mod types;
+
+pub use batch::{Batch, BatchError, Record};
+pub use types::*;
+
+/// Every path starts with this.
+pub const API_PREFIX: &str = "/api/v1";
+
+/// The header that carries the access token: `Authorization: Bearer TOKEN`.
+pub const AUTHORIZATION: &str = "authorization";

@@ -1,0 +1,244 @@
+//! The JSON side of the API: runs, their status, events, log lines, series
+//! and errors, exactly as they travel.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Where a run is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Preempted,
+    Restarting,
+    Failed,
+    Finished,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 5] = [
+        Self::Running,
+        Self::Preempted,
+        Self::Restarting,
+        Self::Failed,
+        Self::Finished,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Preempted => "preempted",
+            Self::Restarting => "restarting",
+            Self::Failed => "failed",
+            Self::Finished => "finished",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// `POST /api/v1/runs`: create a run, or resume it when `id` names one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInit {
+    pub project: String,
+    /// A stable id, the same across relaunches; a new one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The run's parameters, any JSON (a nested config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    /// Names one attempt of the run: every process of one attempt sends the
+    /// same token and gets the same attempt number; a new token starts the
+    /// next attempt.
+    pub attempt_token: String,
+}
+
+/// A run as the server has it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub id: String,
+    pub project: String,
+    pub name: String,
+    pub status: RunStatus,
+    /// Seconds since the Unix epoch.
+    pub created_at: f64,
+    pub updated_at: f64,
+    /// Attempts started so far; the newest is `attempts - 1`.
+    pub attempts: u32,
+    /// The attempt the caller's token names (on `POST /runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    pub tags: Vec<String>,
+    pub notes: String,
+    pub config: Value,
+}
+
+/// `PATCH /api/v1/runs/{id}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RunStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notes: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Value>,
+}
+
+/// `GET /api/v1/runs` filters; all optional and combined with AND.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunFilter {
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub tag: Option<String>,
+    #[serde(default)]
+    pub status: Option<RunStatus>,
+    /// `PATH=VALUE` on the config, `PATH` dotted (`optim.lr=0.1`); values
+    /// compare as JSON when they parse as JSON, else as strings.
+    #[serde(default)]
+    pub param: Vec<String>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// The server's answer to a batch: every record of `writer` up to and
+/// including `watermark` is stored, durably, exactly once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub writer: String,
+    pub watermark: u64,
+}
+
+/// Which axis a series is drawn against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Axis {
+    #[default]
+    Step,
+    Wall,
+}
+
+/// `GET /api/v1/runs/{id}/series?key=...`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeriesQuery {
+    pub key: String,
+    /// The rank whose values to read; the lowest rank that logged the key
+    /// when absent.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// Points wanted at most; more are reduced to buckets keeping each
+    /// bucket's min, max, first and last.
+    #[serde(default = "default_buckets")]
+    pub buckets: u32,
+    #[serde(default)]
+    pub min_step: Option<i64>,
+    #[serde(default)]
+    pub max_step: Option<i64>,
+    /// Only this attempt's values; by default each step shows the value of
+    /// the newest attempt that logged it.
+    #[serde(default)]
+    pub attempt: Option<u32>,
+}
+
+fn default_buckets() -> u32 {
+    1000
+}
+
+/// One point of a series, or one bucket of a downsampled one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeriesPoint {
+    /// The step of the bucket's last point (of the point itself when not
+    /// downsampled).
+    pub step: i64,
+    pub wall: f64,
+    /// The bucket's last value.
+    pub value: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Points in the bucket.
+    pub count: u64,
+    pub attempt: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    pub key: String,
+    pub rank: u32,
+    /// Points in the range, before downsampling.
+    pub total: u64,
+    pub downsampled: bool,
+    pub points: Vec<SeriesPoint>,
+}
+
+/// The newest value of each key (of the newest step).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Latest {
+    pub key: String,
+    pub rank: u32,
+    pub step: i64,
+    pub value: f64,
+    pub wall: f64,
+    pub attempt: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A console line of one rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// Position in the run's log, increasing; `?after=` resumes from it.
+    pub id: u64,
+    pub rank: u32,
+    pub stream: Stream,
+    pub attempt: u32,
+    pub wall: f64,
+    pub text: String,
+}
+
+/// Something that happened to a run: start, restart, preemption, failure
+/// (with its root cause), finish.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: u64,
+    pub kind: String,
+    pub attempt: u32,
+    pub wall: f64,
+    pub text: String,
+    #[serde(default)]
+    pub data: Value,
+}
+
+/// What every error response carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What was wrong and what to do.
+    pub error: String,
+    /// `bad_request`, `unauthorized`, `not_found`, `conflict`, `too_large`,
+    /// `internal`.
+    pub kind: String,
+}
+
+/// Metadata the server reports at `GET /api/v1/health`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    pub version: String,
+    pub storage: String,
+    pub limits: BTreeMap<String, u64>,
+}

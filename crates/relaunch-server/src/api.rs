@@ -1,0 +1,347 @@
+//! The handlers of `/api/v1`: each checks its input, calls the storage off
+//! the async threads, and answers JSON.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use http_body_util::BodyExt as _;
+use relaunch_api::{
+    Ack, Batch, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
+    Series, SeriesQuery,
+};
+use serde::Deserialize;
+
+use crate::AppState;
+use crate::error::AppError;
+use crate::names::{check_key, check_name};
+use crate::storage::{Storage, StorageError};
+
+/// Longest `?wait=` of a log follow.
+const MAX_FOLLOW: Duration = Duration::from_secs(60);
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Runs a storage call on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    storage: &Arc<dyn Storage>,
+    f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, AppError> {
+    let storage = storage.clone();
+    tokio::task::spawn_blocking(move || f(storage.as_ref()))
+        .await
+        .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))?
+        .map_err(AppError::from)
+}
+
+/// Reads a body up to the server's limit, refusing a larger one with a 413
+/// that names the limit and how to raise it. Reading takes as long as the
+/// client takes: a slow upload that keeps sending is never cut off.
+async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    mut body: Body,
+) -> Result<Bytes, AppError> {
+    let limit = state.max_request_bytes;
+    let too_large = |size: String| {
+        AppError::TooLarge(format!(
+            "request body of {size} exceeds the server's limit of {limit} bytes; send smaller \
+             batches, or restart the server with a larger --max-request-bytes"
+        ))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(length) = declared
+        && length > limit
+    {
+        return Err(too_large(format!("{length} bytes")));
+    }
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    while let Some(frame) = body.frame().await {
+        let frame = frame
+            .map_err(|e| AppError::BadRequest(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(too_large(format!("more than {limit} bytes")));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AppError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        AppError::BadRequest(format!("{what} is not valid JSON for this request: {e}"))
+    })
+}
+
+pub(crate) async fn health(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        storage: state.storage.name().to_owned(),
+        limits: [(
+            "max_request_bytes".to_owned(),
+            state.max_request_bytes as u64,
+        )]
+        .into(),
+    })
+}
+
+pub(crate) async fn open_run(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<RunInfo>), AppError> {
+    let bytes = read_body(&state, &headers, body).await?;
+    let init: RunInit = json_body(&bytes, "the run")?;
+    check_name("project", &init.project)?;
+    if let Some(id) = &init.id {
+        check_name("run id", id)?;
+    }
+    if init.attempt_token.is_empty() || init.attempt_token.len() > 256 {
+        return Err(AppError::BadRequest(
+            "attempt_token must be 1 to 256 bytes".into(),
+        ));
+    }
+    let info = blocking(&state.storage, move |s| s.open_run(&init, now())).await?;
+    Ok((StatusCode::OK, Json(info)))
+}
+
+pub(crate) async fn get_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RunInfo>, AppError> {
+    check_name("run id", &id)?;
+    Ok(Json(
+        blocking(&state.storage, move |s| s.get_run(&id)).await?,
+    ))
+}
+
+pub(crate) async fn patch_run(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<RunInfo>, AppError> {
+    check_name("run id", &id)?;
+    let bytes = read_body(&state, &headers, body).await?;
+    let patch: RunPatch = json_body(&bytes, "the change")?;
+    Ok(Json(
+        blocking(&state.storage, move |s| s.patch_run(&id, &patch, now())).await?,
+    ))
+}
+
+pub(crate) async fn list_runs(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<RunInfo>>, AppError> {
+    let mut filter = RunFilter::default();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "project" => filter.project = Some(v.into_owned()),
+            "tag" => filter.tag = Some(v.into_owned()),
+            "status" => {
+                filter.status = Some(RunStatus::parse(&v).ok_or_else(|| {
+                    AppError::BadRequest(format!(
+                        "status {v:?} is not one of running, preempted, restarting, failed, finished"
+                    ))
+                })?);
+            }
+            "param" => filter.param.push(v.into_owned()),
+            "limit" => {
+                filter.limit =
+                    Some(v.parse().map_err(|_| {
+                        AppError::BadRequest(format!("limit {v:?} is not a number"))
+                    })?);
+            }
+            other => {
+                return Err(AppError::BadRequest(format!(
+                    "unknown filter {other:?}; use project, tag, status, param=PATH=VALUE, limit"
+                )));
+            }
+        }
+    }
+    Ok(Json(
+        blocking(&state.storage, move |s| s.list_runs(&filter)).await?,
+    ))
+}
+
+pub(crate) async fn ingest(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Ack>, AppError> {
+    check_name("run id", &id)?;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with(relaunch_api::batch::CONTENT_TYPE) {
+        return Err(AppError::BadRequest(format!(
+            "a batch must be sent as {}, not {content_type:?}",
+            relaunch_api::batch::CONTENT_TYPE
+        )));
+    }
+    let bytes = read_body(&state, &headers, body).await?;
+    let batch =
+        Batch::decode(&bytes).map_err(|e| AppError::BadRequest(format!("malformed batch: {e}")))?;
+    if batch.writer.is_empty() || batch.attempt_token.is_empty() {
+        return Err(AppError::BadRequest(
+            "a batch needs a writer id and an attempt token".into(),
+        ));
+    }
+    for (_, record) in &batch.records {
+        if let relaunch_api::Record::Metrics { values, .. } = record {
+            for (key, _) in values {
+                check_key(key)?;
+            }
+        }
+    }
+    let has_logs = batch
+        .records
+        .iter()
+        .any(|(_, r)| matches!(r, relaunch_api::Record::Log { .. }));
+    let ack = blocking(&state.storage, move |s| s.ingest(&id, &batch, now())).await?;
+    if has_logs {
+        state.logs_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    Ok(Json(ack))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct WatermarkQuery {
+    writer: String,
+}
+
+pub(crate) async fn watermark(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<WatermarkQuery>,
+) -> Result<Json<Ack>, AppError> {
+    check_name("run id", &id)?;
+    let writer = q.writer.clone();
+    let mark = blocking(&state.storage, move |s| s.watermark(&id, &writer)).await?;
+    Ok(Json(Ack {
+        writer: q.writer,
+        watermark: mark,
+    }))
+}
+
+pub(crate) async fn keys(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<String>>, AppError> {
+    check_name("run id", &id)?;
+    Ok(Json(blocking(&state.storage, move |s| s.keys(&id)).await?))
+}
+
+/// Most buckets a series read may ask for.
+const MAX_BUCKETS: u32 = 100_000;
+
+pub(crate) async fn series(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<SeriesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Series>, AppError> {
+    check_name("run id", &id)?;
+    let Query(query) =
+        query.map_err(|e| AppError::BadRequest(format!("{e}; a series needs ?key=NAME")))?;
+    check_key(&query.key)?;
+    if query.buckets == 0 || query.buckets > MAX_BUCKETS {
+        return Err(AppError::BadRequest(format!(
+            "buckets must be 1 to {MAX_BUCKETS}"
+        )));
+    }
+    Ok(Json(
+        blocking(&state.storage, move |s| s.series(&id, &query)).await?,
+    ))
+}
+
+pub(crate) async fn latest(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Latest>>, AppError> {
+    check_name("run id", &id)?;
+    Ok(Json(
+        blocking(&state.storage, move |s| s.latest(&id)).await?,
+    ))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LogsQuery {
+    rank: Option<u32>,
+    #[serde(default)]
+    after: u64,
+    #[serde(default = "default_log_limit")]
+    limit: u32,
+    /// Seconds to wait for new lines when there are none (a follow).
+    #[serde(default)]
+    wait: f64,
+}
+
+fn default_log_limit() -> u32 {
+    10_000
+}
+
+pub(crate) async fn logs(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<LogLine>>, AppError> {
+    check_name("run id", &id)?;
+    let Query(q) = query.map_err(|e| AppError::BadRequest(e.to_string()))?;
+    let wait = Duration::try_from_secs_f64(q.wait)
+        .map_err(|_| {
+            AppError::BadRequest(format!("wait {} is not a number of seconds >= 0", q.wait))
+        })?
+        .min(MAX_FOLLOW);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut changed = state.logs_changed.subscribe();
+    loop {
+        changed.mark_unchanged();
+        let (id2, rank, after, limit) = (id.clone(), q.rank, q.after, q.limit);
+        let lines = blocking(&state.storage, move |s| s.logs(&id2, rank, after, limit)).await?;
+        if !lines.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(lines));
+        }
+        if tokio::time::timeout_at(deadline, changed.changed())
+            .await
+            .is_err()
+        {
+            return Ok(Json(lines));
+        }
+    }
+}
+
+pub(crate) async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Event>>, AppError> {
+    check_name("run id", &id)?;
+    Ok(Json(
+        blocking(&state.storage, move |s| s.events(&id)).await?,
+    ))
+}
+
+pub(crate) async fn openapi() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+}
+
+pub(crate) async fn not_found() -> AppError {
+    AppError::NotFound("no such API path; see /api/v1/openapi.json".into())
+}

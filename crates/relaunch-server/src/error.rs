@@ -1,0 +1,63 @@
+//! The one error type of the handlers, and how it becomes a response: a
+//! status and a JSON body that says what was wrong and what to do.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use relaunch_api::ApiError;
+
+use crate::storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl AppError {
+    fn status_and_kind(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl From<StorageError> for AppError {
+    fn from(e: StorageError) -> Self {
+        match e {
+            StorageError::NotFound(m) => Self::NotFound(m),
+            StorageError::Conflict(m) => Self::Conflict(m),
+            StorageError::Invalid(m) => Self::BadRequest(m),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, kind) = self.status_and_kind();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let body = ApiError {
+            error: self.to_string(),
+            kind: kind.to_owned(),
+        };
+        (status, Json(body)).into_response()
+    }
+}

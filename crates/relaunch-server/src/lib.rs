@@ -1,0 +1,133 @@
+//! `relaunch server`: the tracking server. [`router`] builds the axum app
+//! over any [`Storage`] (tests call it without a socket); [`serve`] binds,
+//! guards with a token where needed, and stops cleanly: requests in flight
+//! finish and every queued write commits before it returns.
+
+mod api;
+mod error;
+pub mod names;
+pub mod storage;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use subtle::ConstantTimeEq as _;
+use tokio::sync::watch;
+
+pub use error::AppError;
+pub use storage::Storage;
+
+/// The environment variable that holds the access token.
+pub const TOKEN_ENV: &str = "RELAUNCH_SERVER_TOKEN";
+
+/// Default `--max-request-bytes`.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    storage: Arc<dyn Storage>,
+    token: Option<Arc<str>>,
+    max_request_bytes: usize,
+    /// Bumped whenever console lines arrive; log follows wait on it.
+    logs_changed: Arc<watch::Sender<u64>>,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("storage", &self.storage.name())
+            .field("token", &self.token.is_some())
+            .field("max_request_bytes", &self.max_request_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    pub fn new(storage: Arc<dyn Storage>, token: Option<String>, max_request_bytes: usize) -> Self {
+        Self {
+            storage,
+            token: token.map(Into::into),
+            max_request_bytes,
+            logs_changed: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+/// The whole HTTP API under `/api/v1`.
+pub fn router(state: AppState) -> Router {
+    let guarded = Router::new()
+        .route("/runs", post(api::open_run).get(api::list_runs))
+        .route("/runs/{id}", get(api::get_run).patch(api::patch_run))
+        .route("/runs/{id}/batches", post(api::ingest))
+        .route("/runs/{id}/watermark", get(api::watermark))
+        .route("/runs/{id}/keys", get(api::keys))
+        .route("/runs/{id}/series", get(api::series))
+        .route("/runs/{id}/latest", get(api::latest))
+        .route("/runs/{id}/logs", get(api::logs))
+        .route("/runs/{id}/events", get(api::events))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let open = Router::new()
+        .route("/health", get(api::health))
+        .route("/openapi.json", get(api::openapi));
+    Router::new()
+        .nest(relaunch_api::API_PREFIX, guarded.merge(open))
+        .fallback(api::not_found)
+        .with_state(state)
+}
+
+/// Every guarded request must carry `Authorization: Bearer TOKEN` when the
+/// server has a token.
+async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(given) if bool::from(given.as_bytes().ct_eq(token.as_bytes())) => next.run(request).await,
+        Some(_) => AppError::Unauthorized("wrong token: send the server's token (its --token or RELAUNCH_SERVER_TOKEN)".into())
+            .into_response(),
+        None => AppError::Unauthorized(
+            "this server needs a token: send `Authorization: Bearer TOKEN` (clients read RELAUNCH_SERVER_TOKEN)".into(),
+        )
+        .into_response(),
+    }
+}
+
+/// Whether `ip` only reaches this machine.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+/// Refuses to expose a server without a token beyond this machine.
+pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
+    if is_loopback(addr.ip()) || token.is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "listening on {addr} would let anyone on the network read and write runs; \
+         set a token with --token or {TOKEN_ENV} (clients send it too), or listen on 127.0.0.1"
+    ))
+}
+
+/// Serves `state` on `listener` until `shutdown` completes; then finishes
+/// the requests in flight.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,356 @@
+//! Assembling a series from chunks, for any backend: which attempt's values
+//! a step shows, and reduction to at most N buckets that keep each bucket's
+//! min, max and last value.
+//!
+//! A resumed attempt replaces what earlier attempts logged from the step it
+//! resumed at: attempt `a`'s values at steps at or past the first step of
+//! any newer attempt are hidden (they belong to an abandoned branch), unless
+//! the query asks for attempt `a` alone.
+
+use std::collections::{BTreeMap, HashMap};
+
+use relaunch_api::{SeriesPoint, SeriesQuery};
+
+use super::StorageError;
+use super::chunk::{BLOCK, Point, Summary};
+
+/// What a backend knows of a chunk without reading its points.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChunkMeta {
+    pub id: i64,
+    pub attempt: u32,
+    pub summary: Summary,
+}
+
+/// Reads a chunk's block summaries and points on demand.
+pub trait ChunkSource {
+    fn blocks(&mut self, id: i64) -> Result<Vec<Summary>, StorageError>;
+    fn points(&mut self, id: i64) -> Result<Vec<Point>, StorageError>;
+}
+
+/// The series' points in the query's range: all of them when they fit in
+/// `query.buckets`, else one per non-empty bucket. Returns the number of
+/// points in the range before reduction, too.
+pub fn assemble(
+    chunks: &[ChunkMeta],
+    query: &SeriesQuery,
+    source: &mut dyn ChunkSource,
+) -> Result<(u64, Vec<SeriesPoint>), StorageError> {
+    let chunks: Vec<&ChunkMeta> = chunks
+        .iter()
+        .filter(|c| query.attempt.is_none_or(|a| a == c.attempt))
+        .collect();
+    let cuts = if query.attempt.is_some() {
+        HashMap::new()
+    } else {
+        cuts(&chunks)
+    };
+    let cut = |attempt: u32| cuts.get(&attempt).copied().unwrap_or(i64::MAX);
+    let lo = query.min_step.unwrap_or(i64::MIN);
+    let hi = query.max_step.unwrap_or(i64::MAX);
+    let visible = |attempt: u32, step: i64| step >= lo && step <= hi && step < cut(attempt);
+
+    // Whole chunks, and the visible points of partly visible ones.
+    let mut whole: Vec<&ChunkMeta> = Vec::new();
+    let mut partial: Vec<(u32, i64, Vec<Point>)> = Vec::new();
+    let mut total = 0u64;
+    for c in &chunks {
+        let s = c.summary;
+        if s.last_step < lo || s.first_step > hi || s.first_step >= cut(c.attempt) {
+            continue;
+        }
+        if s.first_step >= lo && s.last_step <= hi && s.last_step < cut(c.attempt) {
+            total += s.count;
+            whole.push(c);
+        } else {
+            let points: Vec<Point> = source
+                .points(c.id)?
+                .into_iter()
+                .filter(|p| visible(c.attempt, p.step))
+                .collect();
+            total += points.len() as u64;
+            partial.push((c.attempt, c.id, points));
+        }
+    }
+
+    let buckets = u64::from(query.buckets.max(1));
+    if total <= buckets {
+        let mut all: Vec<(i64, i64, u32, Point)> = Vec::with_capacity(total as usize);
+        for c in whole {
+            all.extend(
+                source
+                    .points(c.id)?
+                    .into_iter()
+                    .map(|p| (p.step, c.id, c.attempt, p)),
+            );
+        }
+        for (attempt, id, points) in partial {
+            all.extend(points.into_iter().map(|p| (p.step, id, attempt, p)));
+        }
+        // One value per step: of equal steps, the newest chunk's.
+        all.sort_by_key(|(step, id, _, _)| (*step, *id));
+        let mut out: Vec<SeriesPoint> = Vec::with_capacity(all.len());
+        for (_, _, attempt, p) in all {
+            let point = SeriesPoint {
+                step: p.step,
+                wall: p.wall,
+                value: p.value,
+                min: p.value,
+                max: p.value,
+                count: 1,
+                attempt,
+            };
+            match out.last_mut() {
+                Some(last) if last.step == p.step => *last = point,
+                _ => out.push(point),
+            }
+        }
+        let total = out.len() as u64;
+        return Ok((total, out));
+    }
+
+    // The range actually covered, so buckets span data, not the whole i64.
+    let covered_lo = whole
+        .iter()
+        .map(|c| c.summary.first_step)
+        .chain(
+            partial
+                .iter()
+                .filter_map(|(_, _, p)| p.first().map(|p| p.step)),
+        )
+        .min()
+        .unwrap_or(0);
+    let covered_hi = whole
+        .iter()
+        .map(|c| c.summary.last_step)
+        .chain(
+            partial
+                .iter()
+                .filter_map(|(_, _, p)| p.last().map(|p| p.step)),
+        )
+        .max()
+        .unwrap_or(0);
+    let span = (i128::from(covered_hi) - i128::from(covered_lo) + 1).max(1) as u128;
+    let width = span.div_ceil(u128::from(buckets)).max(1);
+    let bucket = |step: i64| ((i128::from(step) - i128::from(covered_lo)) as u128 / width) as u64;
+
+    let mut acc: BTreeMap<u64, Bucket> = BTreeMap::new();
+    for c in whole {
+        let s = c.summary;
+        if bucket(s.first_step) == bucket(s.last_step) {
+            acc.entry(bucket(s.first_step))
+                .or_default()
+                .merge(&s, c.attempt);
+            continue;
+        }
+        let blocks = source.blocks(c.id)?;
+        let mut points: Option<Vec<Point>> = None;
+        for (i, b) in blocks.iter().enumerate() {
+            if bucket(b.first_step) == bucket(b.last_step) {
+                acc.entry(bucket(b.first_step))
+                    .or_default()
+                    .merge(b, c.attempt);
+                continue;
+            }
+            if points.is_none() {
+                points = Some(source.points(c.id)?);
+            }
+            let block = points
+                .as_deref()
+                .and_then(|p| p.get(i * BLOCK..((i + 1) * BLOCK).min(p.len())))
+                .ok_or_else(|| {
+                    StorageError::Corrupt(format!(
+                        "chunk {} has fewer points than its blocks",
+                        c.id
+                    ))
+                })?;
+            for p in block {
+                acc.entry(bucket(p.step)).or_default().add(p, c.attempt);
+            }
+        }
+    }
+    for (attempt, _, points) in &partial {
+        for p in points {
+            acc.entry(bucket(p.step)).or_default().add(p, *attempt);
+        }
+    }
+    Ok((total, acc.into_values().filter_map(Bucket::point).collect()))
+}
+
+/// For each attempt, the first step of any newer attempt: where its values
+/// stop counting.
+fn cuts(chunks: &[&ChunkMeta]) -> HashMap<u32, i64> {
+    let mut starts: BTreeMap<u32, i64> = BTreeMap::new();
+    for c in chunks {
+        let start = starts.entry(c.attempt).or_insert(i64::MAX);
+        *start = (*start).min(c.summary.first_step);
+    }
+    let mut cuts = HashMap::new();
+    let mut newer_min = i64::MAX;
+    for (&attempt, &start) in starts.iter().rev() {
+        cuts.insert(attempt, newer_min);
+        newer_min = newer_min.min(start);
+    }
+    cuts
+}
+
+#[derive(Default)]
+struct Bucket {
+    count: u64,
+    min: f64,
+    max: f64,
+    /// (step, value, wall, attempt) of the newest point.
+    last: Option<(i64, f64, f64, u32)>,
+}
+
+impl Bucket {
+    fn merge(&mut self, s: &Summary, attempt: u32) {
+        self.absorb(
+            s.count,
+            s.min,
+            s.max,
+            (s.last_step, s.last_value, s.last_wall, attempt),
+        );
+    }
+
+    fn add(&mut self, p: &Point, attempt: u32) {
+        self.absorb(1, p.value, p.value, (p.step, p.value, p.wall, attempt));
+    }
+
+    fn absorb(&mut self, count: u64, min: f64, max: f64, last: (i64, f64, f64, u32)) {
+        if self.count == 0 {
+            self.min = min;
+            self.max = max;
+        } else {
+            self.min = self.min.min(min);
+            self.max = self.max.max(max);
+        }
+        self.count += count;
+        if self.last.is_none_or(|(step, ..)| last.0 >= step) {
+            self.last = Some(last);
+        }
+    }
+
+    fn point(self) -> Option<SeriesPoint> {
+        let (step, value, wall, attempt) = self.last?;
+        Some(SeriesPoint {
+            step,
+            wall,
+            value,
+            min: self.min,
+            max: self.max,
+            count: self.count,
+            attempt,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::chunk::{decode_blocks, encode_blocks};
+
+    /// Chunks kept in memory.
+    struct Memory(HashMap<i64, Vec<Point>>);
+
+    impl ChunkSource for Memory {
+        fn blocks(&mut self, id: i64) -> Result<Vec<Summary>, StorageError> {
+            Ok(decode_blocks(&encode_blocks(&self.0[&id])).unwrap())
+        }
+        fn points(&mut self, id: i64) -> Result<Vec<Point>, StorageError> {
+            Ok(self.0[&id].clone())
+        }
+    }
+
+    fn series(parts: &[(u32, std::ops::Range<i64>)]) -> (Vec<ChunkMeta>, Memory) {
+        let mut metas = Vec::new();
+        let mut memory = HashMap::new();
+        let mut id = 0;
+        for (attempt, steps) in parts {
+            let points: Vec<Point> = steps
+                .clone()
+                .map(|s| Point {
+                    step: s,
+                    value: s as f64 + f64::from(*attempt) * 0.5,
+                    wall: 0.0,
+                })
+                .collect();
+            for chunk in points.chunks(super::super::chunk::CHUNK_MAX) {
+                id += 1;
+                metas.push(ChunkMeta {
+                    id,
+                    attempt: *attempt,
+                    summary: Summary::of(chunk).unwrap(),
+                });
+                memory.insert(id, chunk.to_vec());
+            }
+        }
+        (metas, Memory(memory))
+    }
+
+    fn query(buckets: u32) -> SeriesQuery {
+        SeriesQuery {
+            key: "k".into(),
+            rank: None,
+            buckets,
+            min_step: None,
+            max_step: None,
+            attempt: None,
+        }
+    }
+
+    #[test]
+    fn a_resumed_attempt_hides_the_old_branch() {
+        // Attempt 0 ran to step 99; attempt 1 resumed at 60 and ran to 149.
+        let (chunks, mut src) = series(&[(0, 0..100), (1, 60..150)]);
+        let (total, points) = assemble(&chunks, &query(1000), &mut src).unwrap();
+        assert_eq!(total, 150);
+        assert_eq!(points.len(), 150);
+        assert!(points[..60].iter().all(|p| p.attempt == 0));
+        assert!(
+            points[60..]
+                .iter()
+                .all(|p| p.attempt == 1 && p.value == p.step as f64 + 0.5)
+        );
+        // Asked for attempt 0 alone, its whole branch is there.
+        let q = SeriesQuery {
+            attempt: Some(0),
+            ..query(1000)
+        };
+        let (total, points) = assemble(&chunks, &q, &mut src).unwrap();
+        assert_eq!((total, points.last().unwrap().step), (100, 99));
+    }
+
+    #[test]
+    fn downsampling_keeps_extremes_and_counts() {
+        let (chunks, mut src) = series(&[(0, 0..1_000_000)]);
+        let (total, points) = assemble(&chunks, &query(1000), &mut src).unwrap();
+        assert_eq!(total, 1_000_000);
+        assert!(points.len() <= 1000, "{}", points.len());
+        assert_eq!(points.iter().map(|p| p.count).sum::<u64>(), 1_000_000);
+        assert_eq!(points[0].min, 0.0);
+        assert_eq!(points.last().unwrap().max, 999_999.0);
+        assert_eq!(points.last().unwrap().step, 999_999);
+        // Every bucket's max is its last value here (a rising line).
+        assert!(points.iter().all(|p| p.max == p.value));
+    }
+
+    #[test]
+    fn ranges_cut_chunks() {
+        let (chunks, mut src) = series(&[(0, 0..10_000)]);
+        let q = SeriesQuery {
+            min_step: Some(100),
+            max_step: Some(199),
+            ..query(1000)
+        };
+        let (total, points) = assemble(&chunks, &q, &mut src).unwrap();
+        assert_eq!(
+            (
+                total,
+                points.first().unwrap().step,
+                points.last().unwrap().step
+            ),
+            (100, 100, 199)
+        );
+    }
+}

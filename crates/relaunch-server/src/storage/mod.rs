@@ -1,0 +1,78 @@
+//! Where runs, metrics, console lines and events are kept: the [`Storage`]
+//! trait that the HTTP handlers use, and its backends. Every backend passes
+//! the same conformance suite (`tests/storage.rs`).
+
+pub mod chunk;
+pub mod downsample;
+pub mod sqlite;
+
+use relaunch_api::{
+    Ack, Batch, Event, Latest, LogLine, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
+};
+
+/// The kind of a storage failure, for the HTTP status and for retries.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{0}")]
+    NotFound(String),
+    /// The request contradicts what is stored (a gap in a writer's sequence).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// Stored data that does not decode.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    #[error("storage backend: {0}")]
+    Backend(String),
+}
+
+/// What a backend keeps. Methods block; the server calls them off its
+/// async threads. `now` is seconds since the Unix epoch, passed in so that
+/// tests control time.
+pub trait Storage: Send + Sync + 'static {
+    /// For `GET /api/v1/health`.
+    fn name(&self) -> &'static str;
+
+    /// Creates the run, or resumes it when `init.id` names an existing one
+    /// (then name, config, tags and notes given here update it). The
+    /// attempt token maps to an attempt number: the same token always gets
+    /// the same one, a new token the next.
+    fn open_run(&self, init: &RunInit, now: f64) -> Result<RunInfo, StorageError>;
+
+    fn get_run(&self, id: &str) -> Result<RunInfo, StorageError>;
+
+    fn patch_run(&self, id: &str, patch: &RunPatch, now: f64) -> Result<RunInfo, StorageError>;
+
+    /// Newest first.
+    fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError>;
+
+    /// Stores the batch's records above the writer's watermark, and the new
+    /// watermark, atomically: each record is stored exactly once however
+    /// often the batch is sent. A batch whose first new record does not
+    /// follow the watermark is a [`StorageError::Conflict`] (records would
+    /// be missing). When this returns, the records are durable.
+    fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError>;
+
+    /// The highest sequence number stored for `writer` (0 if none).
+    fn watermark(&self, run: &str, writer: &str) -> Result<u64, StorageError>;
+
+    /// Metric names the run has logged.
+    fn keys(&self, run: &str) -> Result<Vec<String>, StorageError>;
+
+    fn series(&self, run: &str, query: &SeriesQuery) -> Result<Series, StorageError>;
+
+    /// The newest value of every key and rank.
+    fn latest(&self, run: &str) -> Result<Vec<Latest>, StorageError>;
+
+    /// Console lines with an id above `after`, oldest first, at most `limit`.
+    fn logs(
+        &self,
+        run: &str,
+        rank: Option<u32>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LogLine>, StorageError>;
+
+    fn events(&self, run: &str) -> Result<Vec<Event>, StorageError>;
+}

@@ -1,0 +1,951 @@
+//! The embedded backend: one SQLite database (WAL) in the data directory.
+//!
+//! Writes go through one thread that commits whatever is queued in one
+//! transaction (group commit), each request in a savepoint of its own, so
+//! that many concurrent writers share one fsync and one failing request
+//! does not undo the others. Reads use their own connections, which WAL
+//! lets run beside the writer. A request is answered only after its
+//! transaction committed: with `Durability::Fsync` (the default) the data
+//! then survives power loss; with `Durability::Process` it survives the
+//! server process being killed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+use relaunch_api::{
+    Ack, Batch, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
+    Series, SeriesQuery, Stream,
+};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use serde_json::Value;
+
+use super::chunk::{self, CHUNK_MAX, Point, Summary};
+use super::downsample::{ChunkMeta, ChunkSource, assemble};
+use super::{Storage, StorageError};
+
+/// What an acknowledged write survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Committed and fsynced: survives power loss.
+    #[default]
+    Fsync,
+    /// Committed to the WAL without fsync: survives the process being
+    /// killed, not the machine losing power.
+    Process,
+}
+
+/// Requests committed together at most.
+const GROUP_MAX: usize = 256;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS projects (
+    id   INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id         TEXT PRIMARY KEY,
+    project_id INTEGER NOT NULL REFERENCES projects(id),
+    name       TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    attempts   INTEGER NOT NULL,
+    tags       TEXT NOT NULL,
+    notes      TEXT NOT NULL,
+    config     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_project ON runs(project_id, created_at);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id  TEXT NOT NULL,
+    token   TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    PRIMARY KEY (run_id, token)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS writers (
+    run_id    TEXT NOT NULL,
+    writer    TEXT NOT NULL,
+    watermark INTEGER NOT NULL,
+    PRIMARY KEY (run_id, writer)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS keys (
+    id     INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    UNIQUE (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS chunks (
+    id         INTEGER PRIMARY KEY,
+    key_id     INTEGER NOT NULL,
+    rank       INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    first_step INTEGER NOT NULL,
+    last_step  INTEGER NOT NULL,
+    count      INTEGER NOT NULL,
+    vmin       REAL,
+    vmax       REAL,
+    last_value REAL,
+    last_wall  REAL NOT NULL,
+    blocks     BLOB NOT NULL,
+    points     BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_series ON chunks(key_id, rank, first_step);
+CREATE TABLE IF NOT EXISTS latest (
+    key_id  INTEGER NOT NULL,
+    rank    INTEGER NOT NULL,
+    step    INTEGER NOT NULL,
+    value   REAL,
+    wall    REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    PRIMARY KEY (key_id, rank)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS logs (
+    id      INTEGER PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    rank    INTEGER NOT NULL,
+    stream  INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    wall    REAL NOT NULL,
+    text    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS logs_by_run ON logs(run_id, id);
+CREATE TABLE IF NOT EXISTS events (
+    id      INTEGER PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    kind    TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    wall    REAL NOT NULL,
+    text    TEXT NOT NULL,
+    data    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id, id);
+";
+
+/// A write request for the writer thread: its SQL runs in a savepoint; what
+/// it returns is delivered once the transaction commits.
+type Job = Box<dyn FnOnce(&Connection) -> Done + Send>;
+type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+struct Done {
+    ok: bool,
+    deliver: Deliver,
+}
+
+pub struct SqliteStorage {
+    path: PathBuf,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(e: rusqlite::Error) -> StorageError {
+    StorageError::Backend(e.to_string())
+}
+
+impl SqliteStorage {
+    /// Opens (creating) `dir/relaunch.db`.
+    pub fn open(dir: &Path, durability: Durability) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StorageError::Backend(format!(
+                "cannot create the data directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join("relaunch.db");
+        let conn = Connection::open(&path)
+            .map_err(|e| StorageError::Backend(format!("cannot open {}: {e}", path.display())))?;
+        let synchronous = match durability {
+            Durability::Fsync => "FULL",
+            Durability::Process => "NORMAL",
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
+        ))
+        .map_err(backend)?;
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        let (tx, rx) = mpsc::channel::<Job>();
+        let writer = std::thread::Builder::new()
+            .name("relaunch-db-writer".into())
+            .spawn(move || write_loop(conn, rx))
+            .map_err(|e| StorageError::Backend(format!("cannot start the database writer: {e}")))?;
+        Ok(Self {
+            path,
+            jobs: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(writer)),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Finishes every queued write and stops the writer thread.
+    pub fn close(&self) {
+        drop(self.jobs.lock().take());
+        if let Some(writer) = self.writer.lock().take() {
+            let _ = writer.join();
+        }
+    }
+
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, StorageError> {
+        let (tx, rx) = mpsc::sync_channel::<Result<T, StorageError>>(1);
+        let job: Job = Box::new(move |conn| match f(conn) {
+            Ok(value) => Done {
+                ok: true,
+                deliver: Box::new(move |committed| {
+                    let _ = tx.send(committed.map(|()| value).map_err(StorageError::Backend));
+                }),
+            },
+            Err(e) => Done {
+                ok: false,
+                deliver: Box::new(move |_| {
+                    let _ = tx.send(Err(e));
+                }),
+            },
+        });
+        let sent = self.jobs.lock().as_ref().map(|jobs| jobs.send(job));
+        match sent {
+            Some(Ok(())) => rx.recv().unwrap_or_else(|_| {
+                Err(StorageError::Backend("the database writer stopped".into()))
+            }),
+            _ => Err(StorageError::Backend("the database is closed".into())),
+        }
+    }
+
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StorageError>,
+    ) -> Result<T, StorageError> {
+        let conn = match self.readers.lock().pop() {
+            Some(conn) => conn,
+            None => {
+                let conn = Connection::open_with_flags(
+                    &self.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+                .map_err(backend)?;
+                conn.execute_batch("PRAGMA busy_timeout=10000;")
+                    .map_err(backend)?;
+                conn
+            }
+        };
+        let result = f(&conn);
+        self.readers.lock().push(conn);
+        result
+    }
+}
+
+impl Drop for SqliteStorage {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn write_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut delivers = Vec::with_capacity(jobs.len());
+        let began = conn.execute_batch("BEGIN IMMEDIATE");
+        for job in jobs {
+            let _ = conn.execute_batch("SAVEPOINT job");
+            let done = job(&conn);
+            let end = if done.ok {
+                "RELEASE job"
+            } else {
+                "ROLLBACK TO job; RELEASE job"
+            };
+            if let Err(e) = conn.execute_batch(end) {
+                tracing::error!(error = %e, "cannot end a savepoint");
+            }
+            delivers.push(done.deliver);
+        }
+        let committed = began
+            .and_then(|()| conn.execute_batch("COMMIT"))
+            .map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                tracing::error!(error = %e, "commit failed; the requests of this group are refused");
+                format!("commit failed: {e}")
+            });
+        for deliver in delivers {
+            deliver(committed.clone());
+        }
+    }
+}
+
+fn now_or(t: f64) -> f64 {
+    if t.is_finite() { t } else { 0.0 }
+}
+
+fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
+    let tags: String = row.get("tags")?;
+    let config: String = row.get("config")?;
+    let status: String = row.get("status")?;
+    Ok(RunInfo {
+        id: row.get("id")?,
+        project: row.get("project")?,
+        name: row.get("name")?,
+        status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+        attempts: row.get("attempts")?,
+        attempt: None,
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        notes: row.get("notes")?,
+        config: serde_json::from_str(&config).unwrap_or(Value::Null),
+    })
+}
+
+const RUN_SELECT: &str = "SELECT r.id, p.name AS project, r.name, r.status, r.created_at, r.updated_at, \
+     r.attempts, r.tags, r.notes, r.config FROM runs r JOIN projects p ON p.id = r.project_id";
+
+fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
+    conn.query_row(&format!("{RUN_SELECT} WHERE r.id = ?1"), [id], run_row)
+        .optional()
+        .map_err(backend)?
+        .ok_or_else(|| StorageError::NotFound(format!("no run {id:?}")))
+}
+
+fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+impl Storage for SqliteStorage {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn open_run(&self, init: &RunInit, now: f64) -> Result<RunInfo, StorageError> {
+        let init = init.clone();
+        let now = now_or(now);
+        self.write(move |conn| {
+            conn.execute("INSERT OR IGNORE INTO projects(name) VALUES (?1)", [&init.project])
+                .map_err(backend)?;
+            let project_id: i64 = conn
+                .query_row("SELECT id FROM projects WHERE name = ?1", [&init.project], |r| r.get(0))
+                .map_err(backend)?;
+            let id = init.id.clone().unwrap_or_else(new_run_id);
+            let existing = conn
+                .query_row("SELECT project_id FROM runs WHERE id = ?1", [&id], |r| r.get::<_, i64>(0))
+                .optional()
+                .map_err(backend)?;
+            let config = init.config.clone().unwrap_or(Value::Object(Default::default()));
+            match existing {
+                Some(pid) if pid != project_id => {
+                    return Err(StorageError::Conflict(format!(
+                        "run {id:?} belongs to another project than {:?}",
+                        init.project
+                    )));
+                }
+                Some(_) => {
+                    // Resuming: what the caller gives replaces what was.
+                    conn.execute(
+                        "UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1",
+                        params![id, now],
+                    )
+                    .map_err(backend)?;
+                    if let Some(name) = &init.name {
+                        conn.execute("UPDATE runs SET name = ?2 WHERE id = ?1", params![id, name])
+                            .map_err(backend)?;
+                    }
+                    if init.config.is_some() {
+                        conn.execute("UPDATE runs SET config = ?2 WHERE id = ?1", params![id, config.to_string()])
+                            .map_err(backend)?;
+                    }
+                    if !init.tags.is_empty() {
+                        conn.execute(
+                            "UPDATE runs SET tags = ?2 WHERE id = ?1",
+                            params![id, serde_json::to_string(&init.tags).unwrap_or_default()],
+                        )
+                        .map_err(backend)?;
+                    }
+                    if let Some(notes) = &init.notes {
+                        conn.execute("UPDATE runs SET notes = ?2 WHERE id = ?1", params![id, notes])
+                            .map_err(backend)?;
+                    }
+                }
+                None => {
+                    conn.execute(
+                        "INSERT INTO runs(id, project_id, name, status, created_at, updated_at, attempts, tags, notes, config) \
+                         VALUES (?1, ?2, ?3, 'running', ?4, ?4, 0, ?5, ?6, ?7)",
+                        params![
+                            id,
+                            project_id,
+                            init.name.clone().unwrap_or_else(|| id.clone()),
+                            now,
+                            serde_json::to_string(&init.tags).unwrap_or_else(|_| "[]".into()),
+                            init.notes.clone().unwrap_or_default(),
+                            config.to_string(),
+                        ],
+                    )
+                    .map_err(backend)?;
+                }
+            }
+            let attempt = attempt_of(conn, &id, &init.attempt_token)?;
+            let mut info = get_run(conn, &id)?;
+            info.attempt = Some(attempt);
+            Ok(info)
+        })
+    }
+
+    fn get_run(&self, id: &str) -> Result<RunInfo, StorageError> {
+        self.read(|conn| get_run(conn, id))
+    }
+
+    fn patch_run(&self, id: &str, patch: &RunPatch, now: f64) -> Result<RunInfo, StorageError> {
+        let (id, patch, now) = (id.to_owned(), patch.clone(), now_or(now));
+        self.write(move |conn| {
+            get_run(conn, &id)?;
+            if let Some(status) = patch.status {
+                conn.execute(
+                    "UPDATE runs SET status = ?2 WHERE id = ?1",
+                    params![id, status.as_str()],
+                )
+                .map_err(backend)?;
+            }
+            if let Some(tags) = &patch.tags {
+                conn.execute(
+                    "UPDATE runs SET tags = ?2 WHERE id = ?1",
+                    params![id, serde_json::to_string(tags).unwrap_or_default()],
+                )
+                .map_err(backend)?;
+            }
+            if let Some(notes) = &patch.notes {
+                conn.execute(
+                    "UPDATE runs SET notes = ?2 WHERE id = ?1",
+                    params![id, notes],
+                )
+                .map_err(backend)?;
+            }
+            if let Some(config) = &patch.config {
+                conn.execute(
+                    "UPDATE runs SET config = ?2 WHERE id = ?1",
+                    params![id, config.to_string()],
+                )
+                .map_err(backend)?;
+            }
+            conn.execute(
+                "UPDATE runs SET updated_at = ?2 WHERE id = ?1",
+                params![id, now],
+            )
+            .map_err(backend)?;
+            get_run(conn, &id)
+        })
+    }
+
+    fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError> {
+        let params_filter = filter
+            .param
+            .iter()
+            .map(|p| parse_param(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.read(|conn| {
+            let mut sql = format!("{RUN_SELECT} WHERE 1=1");
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            if let Some(project) = &filter.project {
+                args.push(project.clone().into());
+                sql.push_str(&format!(" AND p.name = ?{}", args.len()));
+            }
+            if let Some(status) = filter.status {
+                args.push(status.as_str().to_owned().into());
+                sql.push_str(&format!(" AND r.status = ?{}", args.len()));
+            }
+            if let Some(tag) = &filter.tag {
+                args.push(tag.clone().into());
+                sql.push_str(&format!(
+                    " AND EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value = ?{})",
+                    args.len()
+                ));
+            }
+            for (path, value) in &params_filter {
+                args.push(path.clone().into());
+                let p = args.len();
+                args.push(value.clone());
+                let v = args.len();
+                sql.push_str(&format!(" AND json_extract(r.config, ?{p}) = ?{v}"));
+            }
+            sql.push_str(" ORDER BY r.created_at DESC, r.id");
+            let limit = filter.limit.unwrap_or(10_000).min(100_000);
+            sql.push_str(&format!(" LIMIT {limit}"));
+            let mut stmt = conn.prepare(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), run_row)
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+
+    fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+        let (run, batch) = (run.to_owned(), batch.clone());
+        let now = now_or(now);
+        self.write(move |conn| ingest(conn, &run, &batch, now))
+    }
+
+    fn watermark(&self, run: &str, writer: &str) -> Result<u64, StorageError> {
+        self.read(|conn| watermark(conn, run, writer))
+    }
+
+    fn keys(&self, run: &str) -> Result<Vec<String>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let mut stmt = conn
+                .prepare("SELECT name FROM keys WHERE run_id = ?1 ORDER BY name")
+                .map_err(backend)?;
+            let keys = stmt
+                .query_map([run], |r| r.get(0))
+                .map_err(backend)?
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(backend)?;
+            Ok(keys)
+        })
+    }
+
+    fn series(&self, run: &str, query: &SeriesQuery) -> Result<Series, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let key_id: i64 = conn
+                .query_row("SELECT id FROM keys WHERE run_id = ?1 AND name = ?2", params![run, query.key], |r| r.get(0))
+                .optional()
+                .map_err(backend)?
+                .ok_or_else(|| StorageError::NotFound(format!("run {run:?} has no metric {:?}", query.key)))?;
+            let rank: u32 = match query.rank {
+                Some(rank) => rank,
+                None => conn
+                    .query_row("SELECT MIN(rank) FROM chunks WHERE key_id = ?1", [key_id], |r| r.get::<_, Option<u32>>(0))
+                    .map_err(backend)?
+                    .unwrap_or(0),
+            };
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, attempt, first_step, last_step, count, vmin, vmax, last_value, last_wall \
+                     FROM chunks WHERE key_id = ?1 AND rank = ?2 ORDER BY first_step, id",
+                )
+                .map_err(backend)?;
+            let chunks = stmt
+                .query_map(params![key_id, rank], |r| {
+                    Ok(ChunkMeta {
+                        id: r.get(0)?,
+                        attempt: r.get(1)?,
+                        summary: Summary {
+                            first_step: r.get(2)?,
+                            last_step: r.get(3)?,
+                            count: r.get::<_, i64>(4)?.unsigned_abs(),
+                            min: r.get::<_, Option<f64>>(5)?.unwrap_or(f64::NAN),
+                            max: r.get::<_, Option<f64>>(6)?.unwrap_or(f64::NAN),
+                            last_value: r.get::<_, Option<f64>>(7)?.unwrap_or(f64::NAN),
+                            last_wall: r.get(8)?,
+                        },
+                    })
+                })
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            let mut source = SqliteChunks { conn };
+            let (total, points) = assemble(&chunks, query, &mut source)?;
+            Ok(Series {
+                key: query.key.clone(),
+                rank,
+                total,
+                downsampled: points.len() as u64 != total,
+                points,
+            })
+        })
+    }
+
+    fn latest(&self, run: &str) -> Result<Vec<Latest>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let mut stmt = conn
+                .prepare(
+                    "SELECT k.name, l.rank, l.step, l.value, l.wall, l.attempt FROM latest l \
+                     JOIN keys k ON k.id = l.key_id WHERE k.run_id = ?1 ORDER BY k.name, l.rank",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([run], |r| {
+                    Ok(Latest {
+                        key: r.get(0)?,
+                        rank: r.get(1)?,
+                        step: r.get(2)?,
+                        value: r.get::<_, Option<f64>>(3)?.unwrap_or(f64::NAN),
+                        wall: r.get(4)?,
+                        attempt: r.get(5)?,
+                    })
+                })
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+
+    fn logs(
+        &self,
+        run: &str,
+        rank: Option<u32>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LogLine>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let after = i64::try_from(after).unwrap_or(i64::MAX);
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                     WHERE run_id = ?1 AND id > ?2 AND (?3 IS NULL OR rank = ?3) ORDER BY id LIMIT ?4",
+                )
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map(params![run, after, rank, limit.min(100_000)], |r| {
+                    Ok(LogLine {
+                        id: r.get::<_, i64>(0)?.unsigned_abs(),
+                        rank: r.get(1)?,
+                        stream: if r.get::<_, i64>(2)? == 0 { Stream::Stdout } else { Stream::Stderr },
+                        attempt: r.get(3)?,
+                        wall: r.get(4)?,
+                        text: r.get(5)?,
+                    })
+                })
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+
+    fn events(&self, run: &str) -> Result<Vec<Event>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let mut stmt = conn
+                .prepare("SELECT id, kind, attempt, wall, text, data FROM events WHERE run_id = ?1 ORDER BY id")
+                .map_err(backend)?;
+            let rows = stmt
+                .query_map([run], |r| {
+                    let data: String = r.get(5)?;
+                    Ok(Event {
+                        id: r.get::<_, i64>(0)?.unsigned_abs(),
+                        kind: r.get(1)?,
+                        attempt: r.get(2)?,
+                        wall: r.get(3)?,
+                        text: r.get(4)?,
+                        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+                    })
+                })
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+}
+
+/// `path=value` of a param filter: the JSON path for `json_extract` and the
+/// value, as JSON when it parses, else as text.
+fn parse_param(text: &str) -> Result<(String, rusqlite::types::Value), StorageError> {
+    let (path, value) = text.split_once('=').ok_or_else(|| {
+        StorageError::Invalid(format!(
+            "param filter {text:?} is not PATH=VALUE (e.g. optim.lr=0.001)"
+        ))
+    })?;
+    if path.is_empty()
+        || !path.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-')
+        })
+    {
+        return Err(StorageError::Invalid(format!(
+            "param path {path:?} must be dotted names of letters, digits, '_' or '-'"
+        )));
+    }
+    let json_path = format!(
+        "$.{}",
+        path.split('.')
+            .map(|p| format!("\"{p}\""))
+            .collect::<Vec<_>>()
+            .join(".")
+    );
+    let value = match serde_json::from_str::<Value>(value) {
+        Ok(Value::Number(n)) => match n.as_i64() {
+            Some(i) => rusqlite::types::Value::Integer(i),
+            None => rusqlite::types::Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Ok(Value::Bool(b)) => rusqlite::types::Value::Integer(i64::from(b)),
+        Ok(Value::String(s)) => rusqlite::types::Value::Text(s),
+        _ => rusqlite::types::Value::Text(value.to_owned()),
+    };
+    Ok((json_path, value))
+}
+
+fn watermark(conn: &Connection, run: &str, writer: &str) -> Result<u64, StorageError> {
+    Ok(conn
+        .query_row(
+            "SELECT watermark FROM writers WHERE run_id = ?1 AND writer = ?2",
+            params![run, writer],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()
+        .map_err(backend)?
+        .map_or(0, i64::unsigned_abs))
+}
+
+/// The attempt number of `token` in `run`: the same token always gets the
+/// same number, a new token the next one.
+fn attempt_of(conn: &Connection, run: &str, token: &str) -> Result<u32, StorageError> {
+    let known = conn
+        .prepare_cached("SELECT attempt FROM attempts WHERE run_id = ?1 AND token = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![run, token], |r| r.get::<_, u32>(0))
+                .optional()
+        })
+        .map_err(backend)?;
+    if let Some(attempt) = known {
+        return Ok(attempt);
+    }
+    let attempt: u32 = conn
+        .query_row("SELECT attempts FROM runs WHERE id = ?1", [run], |r| {
+            r.get(0)
+        })
+        .map_err(backend)?;
+    conn.execute(
+        "INSERT INTO attempts(run_id, token, attempt) VALUES (?1, ?2, ?3)",
+        params![run, token, attempt],
+    )
+    .map_err(backend)?;
+    conn.execute(
+        "UPDATE runs SET attempts = attempts + 1 WHERE id = ?1",
+        [run],
+    )
+    .map_err(backend)?;
+    Ok(attempt)
+}
+
+fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+    get_run(conn, run)?;
+    let mark = watermark(conn, run, &batch.writer)?;
+    let fresh: Vec<&(u64, Record)> = batch
+        .records
+        .iter()
+        .filter(|(seq, _)| *seq > mark)
+        .collect();
+    let Some(&&(first, _)) = fresh.first() else {
+        // All of it is stored already: a resend after a lost answer.
+        return Ok(Ack {
+            writer: batch.writer.clone(),
+            watermark: mark,
+        });
+    };
+    if first != mark + 1 {
+        return Err(StorageError::Conflict(format!(
+            "writer {:?} has records up to {mark} stored but this batch continues at {first}; \
+             send from {} on",
+            batch.writer,
+            mark + 1
+        )));
+    }
+    let last = fresh.last().map_or(mark, |(seq, _)| *seq);
+    let attempt = attempt_of(conn, run, &batch.attempt_token)?;
+
+    // Metric points grouped by series: (key, rank).
+    let mut series: HashMap<(&str, u32), Vec<Point>> = HashMap::new();
+    for (_, record) in &fresh {
+        match record {
+            Record::Metrics {
+                step,
+                wall,
+                rank,
+                values,
+            } => {
+                for (key, value) in values {
+                    series
+                        .entry((key.as_str(), *rank))
+                        .or_default()
+                        .push(Point {
+                            step: *step,
+                            value: *value,
+                            wall: *wall,
+                        });
+                }
+            }
+            Record::Log {
+                rank,
+                stream,
+                wall,
+                text,
+            } => {
+                conn.prepare_cached(
+                    "INSERT INTO logs(run_id, rank, stream, attempt, wall, text) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![run, rank, i64::from(*stream == Stream::Stderr), attempt, wall, text])
+                })
+                .map_err(backend)?;
+            }
+            Record::Event {
+                kind,
+                wall,
+                text,
+                data,
+            } => {
+                conn.prepare_cached(
+                    "INSERT INTO events(run_id, kind, attempt, wall, text, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )
+                .and_then(|mut s| s.execute(params![run, kind, attempt, wall, text, if data.is_empty() { "null" } else { data }]))
+                .map_err(backend)?;
+                apply_event_status(conn, run, kind, now)?;
+            }
+        }
+    }
+    let mut key_ids: HashMap<&str, i64> = HashMap::new();
+    for ((key, rank), mut points) in series {
+        let key_id = match key_ids.get(key) {
+            Some(id) => *id,
+            None => {
+                let id = key_id(conn, run, key)?;
+                key_ids.insert(key, id);
+                id
+            }
+        };
+        chunk::sort_dedup(&mut points);
+        for part in points.chunks(CHUNK_MAX) {
+            store_chunk(conn, key_id, rank, attempt, part)?;
+        }
+    }
+    conn.prepare_cached(
+        "INSERT INTO writers(run_id, writer, watermark) VALUES (?1, ?2, ?3) \
+         ON CONFLICT(run_id, writer) DO UPDATE SET watermark = excluded.watermark",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            run,
+            batch.writer,
+            i64::try_from(last).unwrap_or(i64::MAX)
+        ])
+    })
+    .map_err(backend)?;
+    conn.prepare_cached("UPDATE runs SET updated_at = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![run, now]))
+        .map_err(backend)?;
+    Ok(Ack {
+        writer: batch.writer.clone(),
+        watermark: last,
+    })
+}
+
+/// Lifecycle events move the run's status.
+fn apply_event_status(
+    conn: &Connection,
+    run: &str,
+    kind: &str,
+    now: f64,
+) -> Result<(), StorageError> {
+    let status = match kind {
+        "start" | "attempt" => RunStatus::Running,
+        "restart" => RunStatus::Restarting,
+        "preempted" => RunStatus::Preempted,
+        "failed" => RunStatus::Failed,
+        "finished" => RunStatus::Finished,
+        _ => return Ok(()),
+    };
+    conn.execute(
+        "UPDATE runs SET status = ?2, updated_at = ?3 WHERE id = ?1",
+        params![run, status.as_str(), now],
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+fn key_id(conn: &Connection, run: &str, name: &str) -> Result<i64, StorageError> {
+    conn.prepare_cached("INSERT OR IGNORE INTO keys(run_id, name) VALUES (?1, ?2)")
+        .and_then(|mut s| s.execute(params![run, name]))
+        .map_err(backend)?;
+    conn.prepare_cached("SELECT id FROM keys WHERE run_id = ?1 AND name = ?2")
+        .and_then(|mut s| s.query_row(params![run, name], |r| r.get(0)))
+        .map_err(backend)
+}
+
+fn store_chunk(
+    conn: &Connection,
+    key_id: i64,
+    rank: u32,
+    attempt: u32,
+    points: &[Point],
+) -> Result<(), StorageError> {
+    let Some(s) = Summary::of(points) else {
+        return Ok(());
+    };
+    let finite = |v: f64| v.is_finite().then_some(v);
+    conn.prepare_cached(
+        "INSERT INTO chunks(key_id, rank, attempt, first_step, last_step, count, vmin, vmax, last_value, last_wall, blocks, points) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            key_id,
+            rank,
+            attempt,
+            s.first_step,
+            s.last_step,
+            i64::try_from(s.count).unwrap_or(i64::MAX),
+            finite(s.min),
+            finite(s.max),
+            finite(s.last_value),
+            s.last_wall,
+            chunk::encode_blocks(points),
+            chunk::encode_points(points),
+        ])
+    })
+    .map_err(backend)?;
+    // The newest value: the highest step, and of equal steps the newest attempt.
+    conn.prepare_cached(
+        "INSERT INTO latest(key_id, rank, step, value, wall, attempt) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT(key_id, rank) DO UPDATE SET step = excluded.step, value = excluded.value, \
+         wall = excluded.wall, attempt = excluded.attempt \
+         WHERE excluded.attempt > latest.attempt OR (excluded.attempt = latest.attempt AND excluded.step >= latest.step)",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key_id, rank, s.last_step, finite(s.last_value), s.last_wall, attempt]))
+    .map_err(backend)?;
+    Ok(())
+}
+
+struct SqliteChunks<'c> {
+    conn: &'c Connection,
+}
+
+impl ChunkSource for SqliteChunks<'_> {
+    fn blocks(&mut self, id: i64) -> Result<Vec<Summary>, StorageError> {
+        let bytes: Vec<u8> = self
+            .conn
+            .prepare_cached("SELECT blocks FROM chunks WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |r| r.get(0)))
+            .map_err(backend)?;
+        chunk::decode_blocks(&bytes).map_err(StorageError::Corrupt)
+    }
+
+    fn points(&mut self, id: i64) -> Result<Vec<Point>, StorageError> {
+        let bytes: Vec<u8> = self
+            .conn
+            .prepare_cached("SELECT points FROM chunks WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |r| r.get(0)))
+            .map_err(backend)?;
+        chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
+    }
+}

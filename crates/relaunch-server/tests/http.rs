@@ -1,0 +1,331 @@
+//! The HTTP API through `router(..).oneshot(..)`: no socket, real handlers,
+//! real storage. What clients see: statuses and the messages in bodies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use relaunch_api::{Ack, ApiError, Batch, Record, RunInfo, Series};
+use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::{AppState, router};
+use tower::ServiceExt as _;
+
+struct Server {
+    state: AppState,
+    dir: std::path::PathBuf,
+}
+
+impl Server {
+    fn new(token: Option<&str>, max_request_bytes: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "relaunch-http-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
+        Self {
+            state: AppState::new(storage, token.map(Into::into), max_request_bytes),
+            dir,
+        }
+    }
+
+    async fn send(&self, request: Request<Body>) -> (StatusCode, Vec<u8>) {
+        let response = router(self.state.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, body.to_vec())
+    }
+
+    async fn json(
+        &self,
+        method: &str,
+        uri: &str,
+        body: serde_json::Value,
+    ) -> (StatusCode, Vec<u8>) {
+        self.send(
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, Vec<u8>) {
+        self.send(Request::builder().uri(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn batch(&self, run: &str, batch: &Batch) -> (StatusCode, Vec<u8>) {
+        let mut bytes = Vec::new();
+        batch.encode(&mut bytes);
+        self.send(
+            Request::builder()
+                .method("POST")
+                .uri(format!("/api/v1/runs/{run}/batches"))
+                .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+                .body(Body::from(bytes))
+                .unwrap(),
+        )
+        .await
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn error(body: &[u8]) -> ApiError {
+    serde_json::from_slice(body).unwrap()
+}
+
+fn loss(writer: &str, steps: std::ops::Range<i64>) -> Batch {
+    Batch {
+        writer: writer.into(),
+        attempt_token: "t".into(),
+        records: steps
+            .map(|s| {
+                (
+                    s as u64 + 1,
+                    Record::Metrics {
+                        step: s,
+                        wall: 0.0,
+                        rank: 0,
+                        values: vec![("loss".into(), s as f64)],
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_run_logs_and_reads_back() {
+    let server = Server::new(None, 1 << 20);
+    let (status, body) = server
+        .json("POST", "/api/v1/runs", serde_json::json!({"project": "p", "id": "r1", "attempt_token": "t", "config": {"lr": 0.1}}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let run: RunInfo = serde_json::from_slice(&body).unwrap();
+    assert_eq!((run.id.as_str(), run.attempt), ("r1", Some(0)));
+    let (status, body) = server.batch("r1", &loss("w", 0..2000)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_slice::<Ack>(&body).unwrap().watermark,
+        2000
+    );
+    let (status, body) = server
+        .get("/api/v1/runs/r1/series?key=loss&buckets=100")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let series: Series = serde_json::from_slice(&body).unwrap();
+    assert!(series.points.len() <= 100 && series.total == 2000 && series.downsampled);
+    let (status, body) = server.get("/api/v1/runs?project=p&param=lr=0.1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_slice::<Vec<RunInfo>>(&body).unwrap().len(),
+        1
+    );
+    let (status, body) = server.get("/api/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["paths"]["/runs/{id}/batches"]
+            .is_object()
+    );
+}
+
+#[tokio::test]
+async fn a_token_guards_every_data_path() {
+    let server = Server::new(Some("s3cret"), 1 << 20);
+    let (status, body) = server.get("/api/v1/runs").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
+    let wrong = Request::builder()
+        .uri("/api/v1/runs")
+        .header(header::AUTHORIZATION, "Bearer nope")
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) = server.send(wrong).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error(&body).error.contains("wrong token"));
+    let right = Request::builder()
+        .uri("/api/v1/runs")
+        .header(header::AUTHORIZATION, "Bearer s3cret")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(server.send(right).await.0, StatusCode::OK);
+    // Health stays open, for load balancers.
+    assert_eq!(server.get("/api/v1/health").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_oversized_request_gets_413_naming_the_limit() {
+    let server = Server::new(None, 1000);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let (status, body) = server.batch("r", &loss("w", 0..1000)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let e = error(&body);
+    assert_eq!(e.kind, "too_large");
+    assert!(
+        e.error.contains("limit of 1000 bytes") && e.error.contains("--max-request-bytes"),
+        "{}",
+        e.error
+    );
+    // Without a Content-Length (a stream), the limit holds too.
+    let mut bytes = Vec::new();
+    loss("w", 0..1000).encode(&mut bytes);
+    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(100).map(|c| Ok(c.to_vec())).collect();
+    let request = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs/r/batches")
+        .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+        .body(Body::from_stream(tokio_stream::iter(pieces)))
+        .unwrap();
+    assert_eq!(server.send(request).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    // Names that could leave a directory, plain or encoded.
+    for bad in [
+        "..",
+        ".hidden",
+        "%2e%2e",
+        "a%2Fb",
+        "%2Fetc%2Fpasswd",
+        "a%00b",
+        "%5C..%5Cx",
+    ] {
+        let (status, body) = server.get(&format!("/api/v1/runs/{bad}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert!(error(&body).error.contains("is not allowed"), "{bad}");
+    }
+    let (status, body) = server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"project": "../etc", "attempt_token": "t"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("project"));
+    let (status, body) = server
+        .json("POST", "/api/v1/runs", serde_json::json!({"project": 5}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body)
+            .error
+            .contains("not valid JSON for this request")
+    );
+    // A batch that is not one.
+    let garbage = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs/r/batches")
+        .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+        .body(Body::from("{\"loss\": 1}"))
+        .unwrap();
+    let (status, body) = server.send(garbage).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("malformed batch"));
+    let json_batch = server
+        .json("POST", "/api/v1/runs/r/batches", serde_json::json!({}))
+        .await;
+    assert_eq!(json_batch.0, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&json_batch.1)
+            .error
+            .contains("application/x-relaunch-batch")
+    );
+    // A gap in a writer's records.
+    server.batch("r", &loss("w", 0..10)).await;
+    let mut gap = loss("w", 20..30);
+    gap.records.iter_mut().for_each(|(seq, _)| *seq += 5);
+    let (status, body) = server.batch("r", &gap).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(error(&body).error.contains("send from 11"));
+    // Unknown things.
+    assert_eq!(
+        server.get("/api/v1/runs/nope").await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(server.get("/api/v1/nothing").await.0, StatusCode::NOT_FOUND);
+    let (status, body) = server.get("/api/v1/runs?colour=red").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("unknown filter"));
+    let (status, _) = server.get("/api/v1/runs/r/series").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = server.get("/api/v1/runs/r/series?key=loss&buckets=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_log_follow_wakes_when_lines_arrive() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let state = server.state.clone();
+    let follow = tokio::spawn(async move {
+        let request = Request::builder()
+            .uri("/api/v1/runs/r/logs?wait=30")
+            .body(Body::empty())
+            .unwrap();
+        let response = router(state).oneshot(request).await.unwrap();
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        !follow.is_finished(),
+        "the follow waits while there is nothing"
+    );
+    let lines = Batch {
+        writer: "w".into(),
+        attempt_token: "t".into(),
+        records: vec![(
+            1,
+            Record::Log {
+                rank: 0,
+                stream: relaunch_api::Stream::Stdout,
+                wall: 0.0,
+                text: "hi".into(),
+            },
+        )],
+    };
+    server.batch("r", &lines).await;
+    let body = tokio::time::timeout(std::time::Duration::from_secs(10), follow)
+        .await
+        .unwrap()
+        .unwrap();
+    let got: Vec<relaunch_api::LogLine> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got[0].text, "hi");
+}

@@ -1,0 +1,440 @@
+//! The storage conformance suite: every backend must pass all of it. A new
+//! backend adds one line to `backends()`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use relaunch_api::{Batch, Record, RunFilter, RunInit, RunPatch, RunStatus, SeriesQuery, Stream};
+use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::storage::{Storage, StorageError};
+
+type Make = fn(&std::path::Path) -> Arc<dyn Storage>;
+
+fn backends() -> Vec<(&'static str, Make)> {
+    vec![("sqlite", |dir| {
+        Arc::new(SqliteStorage::open(dir, Durability::Fsync).unwrap())
+    })]
+}
+
+/// Runs `test` against a fresh instance of every backend.
+fn each_backend(test: impl Fn(&dyn Storage, &std::path::Path)) {
+    for (name, make) in backends() {
+        let dir = temp_dir(name);
+        let storage = make(&dir);
+        test(storage.as_ref(), &dir);
+        drop(storage);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "relaunch-storage-{name}-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn init(project: &str, id: Option<&str>, token: &str) -> RunInit {
+    RunInit {
+        project: project.into(),
+        id: id.map(Into::into),
+        attempt_token: token.into(),
+        ..RunInit::default()
+    }
+}
+
+/// Steps of `key` from one writer of attempt token `t{attempt}`; the value
+/// of step s is 10 s + attempt.
+fn metrics(
+    writer: &str,
+    first_seq: u64,
+    key: &str,
+    steps: std::ops::Range<i64>,
+    attempt: u32,
+) -> Batch {
+    Batch {
+        writer: writer.into(),
+        attempt_token: format!("t{attempt}"),
+        records: steps
+            .enumerate()
+            .map(|(i, step)| {
+                (
+                    first_seq + i as u64,
+                    Record::Metrics {
+                        step,
+                        wall: step as f64,
+                        rank: 0,
+                        values: vec![(key.into(), step as f64 * 10.0 + f64::from(attempt))],
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn all(key: &str) -> SeriesQuery {
+    SeriesQuery {
+        key: key.into(),
+        rank: None,
+        buckets: 100_000,
+        min_step: None,
+        max_step: None,
+        attempt: None,
+    }
+}
+
+#[test]
+fn runs_are_created_resumed_and_given_attempts() {
+    each_backend(|s, _| {
+        let a = s.open_run(&init("proj", Some("run1"), "t0"), 1.0).unwrap();
+        assert_eq!((a.id.as_str(), a.attempt, a.attempts), ("run1", Some(0), 1));
+        assert_eq!(a.status, RunStatus::Running);
+        // The same token is the same attempt (every rank of one launch).
+        let again = s.open_run(&init("proj", Some("run1"), "t0"), 2.0).unwrap();
+        assert_eq!((again.attempt, again.attempts), (Some(0), 1));
+        // A new token: the next attempt.
+        let next = s.open_run(&init("proj", Some("run1"), "t1"), 3.0).unwrap();
+        assert_eq!((next.attempt, next.attempts), (Some(1), 2));
+        assert_eq!(next.created_at, 1.0);
+        // A generated id when none is given.
+        let fresh = s.open_run(&init("proj", None, "x"), 4.0).unwrap();
+        assert!(!fresh.id.is_empty() && fresh.id != "run1");
+        // A run belongs to one project.
+        let clash = s.open_run(&init("other", Some("run1"), "t2"), 5.0);
+        assert!(matches!(clash, Err(StorageError::Conflict(_))));
+        assert!(matches!(s.get_run("nope"), Err(StorageError::NotFound(_))));
+    });
+}
+
+#[test]
+fn runs_are_listed_and_filtered() {
+    each_backend(|s, _| {
+        let mut a = init("p1", Some("a"), "t");
+        a.tags = vec!["baseline".into()];
+        a.config = Some(serde_json::json!({"optim": {"lr": 0.001, "name": "adam"}, "layers": 4}));
+        s.open_run(&a, 1.0).unwrap();
+        let mut b = init("p1", Some("b"), "t");
+        b.config = Some(serde_json::json!({"optim": {"lr": 0.01}, "layers": 8}));
+        s.open_run(&b, 2.0).unwrap();
+        s.open_run(&init("p2", Some("c"), "t"), 3.0).unwrap();
+        s.patch_run(
+            "b",
+            &RunPatch {
+                status: Some(RunStatus::Finished),
+                ..Default::default()
+            },
+            4.0,
+        )
+        .unwrap();
+
+        let ids = |f: RunFilter| -> Vec<String> {
+            s.list_runs(&f).unwrap().into_iter().map(|r| r.id).collect()
+        };
+        assert_eq!(ids(RunFilter::default()), ["c", "b", "a"]);
+        assert_eq!(
+            ids(RunFilter {
+                project: Some("p1".into()),
+                ..Default::default()
+            }),
+            ["b", "a"]
+        );
+        assert_eq!(
+            ids(RunFilter {
+                tag: Some("baseline".into()),
+                ..Default::default()
+            }),
+            ["a"]
+        );
+        assert_eq!(
+            ids(RunFilter {
+                status: Some(RunStatus::Finished),
+                ..Default::default()
+            }),
+            ["b"]
+        );
+        assert_eq!(
+            ids(RunFilter {
+                param: vec!["optim.lr=0.01".into()],
+                ..Default::default()
+            }),
+            ["b"]
+        );
+        assert_eq!(
+            ids(RunFilter {
+                param: vec!["optim.name=adam".into(), "layers=4".into()],
+                ..Default::default()
+            }),
+            ["a"]
+        );
+        assert!(matches!(
+            s.list_runs(&RunFilter {
+                param: vec!["no-equals".into()],
+                ..Default::default()
+            }),
+            Err(StorageError::Invalid(_))
+        ));
+    });
+}
+
+#[test]
+fn a_batch_is_stored_exactly_once_however_often_it_is_sent() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let batch = metrics("w1", 1, "loss", 0..100, 0);
+        for _ in 0..3 {
+            let ack = s.ingest("r", &batch, 1.0).unwrap();
+            assert_eq!(ack.watermark, 100);
+        }
+        // Overlapping resend: 51..=150 after 1..=100 stores only 101..=150.
+        let overlap = metrics("w1", 51, "loss", 50..150, 0);
+        assert_eq!(s.ingest("r", &overlap, 2.0).unwrap().watermark, 150);
+        let series = s.series("r", &all("loss")).unwrap();
+        assert_eq!(series.total, 150);
+        assert_eq!(
+            series.points.iter().map(|p| p.step).collect::<Vec<_>>(),
+            (0..150).collect::<Vec<_>>()
+        );
+        assert_eq!(s.watermark("r", "w1").unwrap(), 150);
+        assert_eq!(s.watermark("r", "other").unwrap(), 0);
+    });
+}
+
+#[test]
+fn a_gap_after_the_watermark_is_refused_and_nothing_is_stored() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        s.ingest("r", &metrics("w", 1, "loss", 0..10, 0), 1.0)
+            .unwrap();
+        let gap = metrics("w", 20, "loss", 10..20, 0);
+        let err = s.ingest("r", &gap, 2.0).unwrap_err();
+        assert!(
+            matches!(&err, StorageError::Conflict(m) if m.contains("send from 11")),
+            "{err}"
+        );
+        assert_eq!(s.series("r", &all("loss")).unwrap().total, 10);
+        assert!(matches!(
+            s.ingest("missing", &metrics("w", 1, "x", 0..1, 0), 0.0),
+            Err(StorageError::NotFound(_))
+        ));
+    });
+}
+
+#[test]
+fn writers_are_independent() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let mut rank1 = metrics("rank1", 1, "loss", 0..5, 0);
+        for (_, r) in &mut rank1.records {
+            if let Record::Metrics { rank, .. } = r {
+                *rank = 1;
+            }
+        }
+        s.ingest("r", &metrics("rank0", 1, "loss", 0..5, 0), 0.0)
+            .unwrap();
+        s.ingest("r", &rank1, 0.0).unwrap();
+        assert_eq!(s.series("r", &all("loss")).unwrap().rank, 0);
+        let q = SeriesQuery {
+            rank: Some(1),
+            ..all("loss")
+        };
+        assert_eq!(s.series("r", &q).unwrap().total, 5);
+    });
+}
+
+#[test]
+fn a_resumed_attempt_replaces_the_steps_it_repeats() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        s.ingest("r", &metrics("a0", 1, "loss", 0..100, 0), 0.0)
+            .unwrap();
+        // Preempted after step 99, resumed from the checkpoint of step 60.
+        s.ingest("r", &metrics("a1", 1, "loss", 61..120, 1), 0.0)
+            .unwrap();
+        let series = s.series("r", &all("loss")).unwrap();
+        assert_eq!(series.total, 120);
+        let at = |step: i64| {
+            series
+                .points
+                .iter()
+                .find(|p| p.step == step)
+                .unwrap()
+                .clone()
+        };
+        assert_eq!((at(60).attempt, at(60).value), (0, 600.0));
+        assert_eq!((at(61).attempt, at(61).value), (1, 611.0));
+        // The old attempt's values are kept with it.
+        let old = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    attempt: Some(0),
+                    ..all("loss")
+                },
+            )
+            .unwrap();
+        assert_eq!(old.total, 100);
+        let latest = s.latest("r").unwrap();
+        assert_eq!((latest[0].step, latest[0].attempt), (119, 1));
+    });
+}
+
+#[test]
+fn large_series_are_downsampled_keeping_extremes() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let n = 200_000i64;
+        let mut seq = 1;
+        for part in (0..n).collect::<Vec<_>>().chunks(50_000) {
+            let batch = metrics("w", seq, "loss", part[0]..part[part.len() - 1] + 1, 0);
+            seq += part.len() as u64;
+            s.ingest("r", &batch, 0.0).unwrap();
+        }
+        let q = SeriesQuery {
+            buckets: 500,
+            ..all("loss")
+        };
+        let series = s.series("r", &q).unwrap();
+        assert!(series.downsampled && series.points.len() <= 500);
+        assert_eq!(series.total, n as u64);
+        assert_eq!(series.points.iter().map(|p| p.count).sum::<u64>(), n as u64);
+        assert_eq!(series.points[0].min, 0.0);
+        assert_eq!(series.points.last().unwrap().max, (n - 1) as f64 * 10.0);
+        let window = SeriesQuery {
+            min_step: Some(1000),
+            max_step: Some(1099),
+            ..all("loss")
+        };
+        let w = s.series("r", &window).unwrap();
+        assert_eq!((w.total, w.points.first().unwrap().step), (100, 1000));
+    });
+}
+
+#[test]
+fn console_lines_and_events() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let batch = Batch {
+            writer: "launcher".into(),
+            attempt_token: "t0".into(),
+            records: vec![
+                (
+                    1,
+                    Record::Log {
+                        rank: 0,
+                        stream: Stream::Stdout,
+                        wall: 1.0,
+                        text: "hello".into(),
+                    },
+                ),
+                (
+                    2,
+                    Record::Log {
+                        rank: 1,
+                        stream: Stream::Stderr,
+                        wall: 1.1,
+                        text: "warn".into(),
+                    },
+                ),
+                (
+                    3,
+                    Record::Event {
+                        kind: "preempted".into(),
+                        wall: 2.0,
+                        text: "SIGTERM".into(),
+                        data: "{\"step\":42}".into(),
+                    },
+                ),
+            ],
+        };
+        s.ingest("r", &batch, 3.0).unwrap();
+        let lines = s.logs("r", None, 0, 100).unwrap();
+        assert_eq!(
+            lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(),
+            ["hello", "warn"]
+        );
+        assert_eq!(s.logs("r", Some(1), 0, 100).unwrap().len(), 1);
+        assert!(s.logs("r", None, lines[1].id, 100).unwrap().is_empty());
+        let events = s.events("r").unwrap();
+        assert_eq!(events[0].kind, "preempted");
+        assert_eq!(events[0].data["step"], 42);
+        assert_eq!(s.get_run("r").unwrap().status, RunStatus::Preempted);
+        assert_eq!(s.keys("r").unwrap(), Vec::<String>::new());
+    });
+}
+
+#[test]
+fn one_log_call_of_several_keys_and_a_batch_of_a_new_attempt() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let call = |step: i64| Record::Metrics {
+            step,
+            wall: 0.0,
+            rank: 2,
+            values: vec![
+                ("loss".into(), 1.0 / (step + 1) as f64),
+                ("lr".into(), 0.1),
+                ("acc".into(), f64::NAN),
+            ],
+        };
+        // A writer whose attempt token the run has not seen (a relaunched
+        // process that shipped before it could open the run) starts the next attempt.
+        let batch = Batch {
+            writer: "w".into(),
+            attempt_token: "launch-2:0".into(),
+            records: vec![(1, call(0)), (2, call(1))],
+        };
+        s.ingest("r", &batch, 1.0).unwrap();
+        assert_eq!(s.keys("r").unwrap(), ["acc", "loss", "lr"]);
+        let q = SeriesQuery {
+            rank: Some(2),
+            ..all("lr")
+        };
+        let lr = s.series("r", &q).unwrap();
+        assert_eq!((lr.total, lr.points[1].attempt), (2, 1));
+        assert!(
+            s.series(
+                "r",
+                &SeriesQuery {
+                    rank: Some(2),
+                    ..all("acc")
+                }
+            )
+            .unwrap()
+            .points[0]
+                .value
+                .is_nan()
+        );
+        let run = s.get_run("r").unwrap();
+        assert_eq!(run.attempts, 2);
+        // The same token, opened afterwards, is that same attempt.
+        assert_eq!(
+            s.open_run(&init("p", Some("r"), "launch-2:0"), 2.0)
+                .unwrap()
+                .attempt,
+            Some(1)
+        );
+    });
+}
+
+#[test]
+fn data_survives_reopening() {
+    for (_, make) in backends() {
+        let dir = temp_dir("reopen");
+        {
+            let s = make(&dir);
+            s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+            s.ingest("r", &metrics("w", 1, "loss", 0..10, 0), 0.0)
+                .unwrap();
+        }
+        let s = make(&dir);
+        assert_eq!(s.watermark("r", "w").unwrap(), 10);
+        assert_eq!(s.series("r", &all("loss")).unwrap().total, 10);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
