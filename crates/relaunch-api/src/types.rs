@@ -41,10 +41,17 @@ impl RunStatus {
     }
 }
 
+/// Where a run opened without a project lives until one is named.
+pub const DEFAULT_PROJECT: &str = "default";
+
 /// `POST /api/v1/runs`: create a run, or resume it when `id` names one.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunInit {
-    pub project: String,
+    /// The run's project. Absent: join the run wherever it is, or create it
+    /// in [`DEFAULT_PROJECT`] until a caller names a project (the launcher
+    /// opens the run before the training script says its project).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     /// A stable id, the same across relaunches; a new one when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,

@@ -105,7 +105,9 @@ pub(crate) async fn open_run(
 ) -> Result<(StatusCode, Json<RunInfo>), AppError> {
     let bytes = read_body(&state, &headers, body).await?;
     let init: RunInit = json_body(&bytes, "the run")?;
-    check_name("project", &init.project)?;
+    if let Some(project) = &init.project {
+        check_name("project", project)?;
+    }
     if let Some(id) = &init.id {
         check_name("run id", id)?;
     }

@@ -41,7 +41,7 @@ fn temp_dir(name: &str) -> PathBuf {
 
 fn init(project: &str, id: Option<&str>, token: &str) -> RunInit {
     RunInit {
-        project: project.into(),
+        project: Some(project.into()),
         id: id.map(Into::into),
         attempt_token: token.into(),
         ..RunInit::default()
@@ -108,6 +108,21 @@ fn runs_are_created_resumed_and_given_attempts() {
         let clash = s.open_run(&init("other", Some("run1"), "t2"), 5.0);
         assert!(matches!(clash, Err(StorageError::Conflict(_))));
         assert!(matches!(s.get_run("nope"), Err(StorageError::NotFound(_))));
+    });
+}
+
+#[test]
+fn a_run_opened_without_a_project_takes_the_first_one_named() {
+    each_backend(|s, _| {
+        // The launcher opens the job's run before the script names its project.
+        let launcher = RunInit { project: None, ..init("", Some("job"), "l0") };
+        assert_eq!(s.open_run(&launcher, 1.0).unwrap().project, relaunch_api::DEFAULT_PROJECT);
+        let rank = s.open_run(&init("mnist", Some("job"), "l0"), 2.0).unwrap();
+        assert_eq!((rank.project.as_str(), rank.attempt), ("mnist", Some(0)));
+        // From then on it stays there, and the launcher still joins it.
+        assert_eq!(s.open_run(&launcher, 3.0).unwrap().project, "mnist");
+        let err = s.open_run(&init("other", Some("job"), "l0"), 4.0).unwrap_err();
+        assert!(matches!(&err, StorageError::Conflict(m) if m.contains("\"mnist\"")), "{err}");
     });
 }
 

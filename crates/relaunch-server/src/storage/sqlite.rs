@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 use relaunch_api::{
-    Ack, Batch, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
+    Ack, Batch, DEFAULT_PROJECT, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
     Series, SeriesQuery, Stream,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
@@ -53,6 +53,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     attempts   INTEGER NOT NULL,
+    -- 0 while the project is the default one no caller asked for.
+    project_set INTEGER NOT NULL,
     tags       TEXT NOT NULL,
     notes      TEXT NOT NULL,
     config     TEXT NOT NULL
@@ -321,6 +323,13 @@ fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
         .ok_or_else(|| StorageError::NotFound(format!("no run {id:?}")))
 }
 
+fn project_id(conn: &Connection, name: &str) -> Result<i64, StorageError> {
+    conn.execute("INSERT OR IGNORE INTO projects(name) VALUES (?1)", [name])
+        .map_err(backend)?;
+    conn.query_row("SELECT id FROM projects WHERE name = ?1", [name], |r| r.get(0))
+        .map_err(backend)
+}
+
 fn new_run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
@@ -334,24 +343,36 @@ impl Storage for SqliteStorage {
         let init = init.clone();
         let now = now_or(now);
         self.write(move |conn| {
-            conn.execute("INSERT OR IGNORE INTO projects(name) VALUES (?1)", [&init.project])
-                .map_err(backend)?;
-            let project_id: i64 = conn
-                .query_row("SELECT id FROM projects WHERE name = ?1", [&init.project], |r| r.get(0))
-                .map_err(backend)?;
+            let project = init.project.as_deref().unwrap_or(DEFAULT_PROJECT);
+            let project_id = project_id(conn, project)?;
             let id = init.id.clone().unwrap_or_else(new_run_id);
             let existing = conn
-                .query_row("SELECT project_id FROM runs WHERE id = ?1", [&id], |r| r.get::<_, i64>(0))
+                .query_row("SELECT project_id, project_set FROM runs WHERE id = ?1", [&id], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
+                })
                 .optional()
                 .map_err(backend)?;
             let config = init.config.clone().unwrap_or(Value::Object(Default::default()));
             match existing {
-                Some(pid) if pid != project_id => {
+                Some((pid, _)) if init.project.is_none() || pid == project_id => {}
+                // Opened without a project so far: the first one named is its project.
+                Some((_, false)) => {
+                    conn.execute(
+                        "UPDATE runs SET project_id = ?2, project_set = 1 WHERE id = ?1",
+                        params![id, project_id],
+                    )
+                    .map_err(backend)?;
+                }
+                Some((_, true)) => {
+                    let theirs = get_run(conn, &id)?.project;
                     return Err(StorageError::Conflict(format!(
-                        "run {id:?} belongs to another project than {:?}",
-                        init.project
+                        "run {id:?} belongs to project {theirs:?}, not {project:?}; \
+                         use another run id or that project"
                     )));
                 }
+                None => {}
+            }
+            match existing {
                 Some(_) => {
                     // Resuming: what the caller gives replaces what was.
                     conn.execute(
@@ -381,8 +402,8 @@ impl Storage for SqliteStorage {
                 }
                 None => {
                     conn.execute(
-                        "INSERT INTO runs(id, project_id, name, status, created_at, updated_at, attempts, tags, notes, config) \
-                         VALUES (?1, ?2, ?3, 'running', ?4, ?4, 0, ?5, ?6, ?7)",
+                        "INSERT INTO runs(id, project_id, name, status, created_at, updated_at, attempts, project_set, tags, notes, config) \
+                         VALUES (?1, ?2, ?3, 'running', ?4, ?4, 0, ?8, ?5, ?6, ?7)",
                         params![
                             id,
                             project_id,
@@ -391,6 +412,7 @@ impl Storage for SqliteStorage {
                             serde_json::to_string(&init.tags).unwrap_or_else(|_| "[]".into()),
                             init.notes.clone().unwrap_or_default(),
                             config.to_string(),
+                            init.project.is_some(),
                         ],
                     )
                     .map_err(backend)?;
