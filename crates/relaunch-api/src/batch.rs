@@ -77,6 +77,37 @@ pub enum BatchError {
     Trailing(usize),
 }
 
+/// Most values one metrics record holds.
+pub const MAX_VALUES: usize = u16::MAX as usize;
+
+/// Appends the start of a metrics record body whose `count` values follow,
+/// each as [`put_metric_value`]: the client encodes a `log()` call this way
+/// without building a [`Record`].
+pub fn put_metrics_header(out: &mut Vec<u8>, step: i64, wall: f64, rank: u32, count: u16) {
+    out.push(1);
+    out.extend_from_slice(&step.to_le_bytes());
+    out.extend_from_slice(&wall.to_le_bytes());
+    out.extend_from_slice(&rank.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+}
+
+pub fn put_metric_value(out: &mut Vec<u8>, key: &str, value: f64) {
+    put_str16(out, key);
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+/// Appends the body of a console line record.
+pub fn put_log(out: &mut Vec<u8>, rank: u32, stream: Stream, wall: f64, text: &str) {
+    out.push(2);
+    out.extend_from_slice(&rank.to_le_bytes());
+    out.push(match stream {
+        Stream::Stdout => 0,
+        Stream::Stderr => 1,
+    });
+    out.extend_from_slice(&wall.to_le_bytes());
+    put_str32(out, text);
+}
+
 /// Appends the header of a batch whose `count` records follow (each as
 /// [`put_record_with_seq`]).
 pub fn put_header(out: &mut Vec<u8>, writer: &str, attempt_token: &str, count: u32) {
@@ -154,14 +185,10 @@ impl Record {
                 rank,
                 values,
             } => {
-                out.push(1);
-                out.extend_from_slice(&step.to_le_bytes());
-                out.extend_from_slice(&wall.to_le_bytes());
-                out.extend_from_slice(&rank.to_le_bytes());
-                out.extend_from_slice(&(values.len().min(u16::MAX as usize) as u16).to_le_bytes());
-                for (key, value) in values.iter().take(u16::MAX as usize) {
-                    put_str16(out, key);
-                    out.extend_from_slice(&value.to_le_bytes());
+                let values = &values[..values.len().min(MAX_VALUES)];
+                put_metrics_header(out, *step, *wall, *rank, values.len() as u16);
+                for (key, value) in values {
+                    put_metric_value(out, key, *value);
                 }
             }
             Record::Log {
@@ -169,16 +196,7 @@ impl Record {
                 stream,
                 wall,
                 text,
-            } => {
-                out.push(2);
-                out.extend_from_slice(&rank.to_le_bytes());
-                out.push(match stream {
-                    Stream::Stdout => 0,
-                    Stream::Stderr => 1,
-                });
-                out.extend_from_slice(&wall.to_le_bytes());
-                put_str32(out, text);
-            }
+            } => put_log(out, *rank, *stream, *wall, text),
             Record::Event {
                 kind,
                 wall,

@@ -4,6 +4,7 @@
 //! crate and never on each other.
 
 pub mod batch;
+pub mod names;
 pub mod types;
 
 pub use batch::{Batch, BatchError, Record};

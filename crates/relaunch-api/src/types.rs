@@ -68,6 +68,12 @@ pub struct RunInit {
     /// same token and gets the same attempt number; a new token starts the
     /// next attempt.
     pub attempt_token: String,
+    /// When the caller's attempt started, in seconds since the Unix epoch
+    /// (the earliest any of its processes reports). Reads order attempts by
+    /// it: a dead attempt's records may reach the server after the next
+    /// attempt's did. The server's clock when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started: Option<f64>,
 }
 
 /// A run as the server has it.

@@ -88,7 +88,11 @@ fn server_on_an_exposed_address_needs_a_token_before_listening() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     insta::assert_snapshot!(String::from_utf8_lossy(&out.stderr));
-    assert!(!std::env::temp_dir().join("relaunch-cli-never-created").exists());
+    assert!(
+        !std::env::temp_dir()
+            .join("relaunch-cli-never-created")
+            .exists()
+    );
 }
 
 #[test]

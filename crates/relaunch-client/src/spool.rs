@@ -81,6 +81,9 @@ pub enum SpoolError {
         "payload of {len} bytes exceeds the spool record limit of {max} bytes; split it into smaller records"
     )]
     TooLarge { len: usize, max: usize },
+    /// The spool was closed; nothing more can be appended.
+    #[error("spool {dir} is closed")]
+    Closed { dir: PathBuf },
 }
 
 impl SpoolError {
@@ -188,8 +191,8 @@ struct ReadCursor {
 pub struct Spool {
     dir: PathBuf,
     options: SpoolOptions,
-    /// Held for the spool's lifetime; dropping it releases the flock.
-    _lock: Flock<File>,
+    /// Held until [`Spool::close`] or drop; dropping it releases the flock.
+    lock: Option<Flock<File>>,
     /// Segments no longer written, oldest first.
     sealed: Vec<Segment>,
     /// The segment appends go to; created lazily so that reopening never
@@ -240,7 +243,7 @@ impl Spool {
         Ok(Spool {
             dir: dir.to_path_buf(),
             options,
-            _lock: lock,
+            lock: Some(lock),
             sealed,
             active: None,
             last_seq,
@@ -254,6 +257,11 @@ impl Spool {
     /// record ever written to this directory, then one more each time, across
     /// reopenings. Once this returns, the record survives a process kill.
     pub fn append(&mut self, payload: &[u8]) -> Result<u64, SpoolError> {
+        if self.lock.is_none() {
+            return Err(SpoolError::Closed {
+                dir: self.dir.clone(),
+            });
+        }
         if payload.len() > MAX_PAYLOAD {
             return Err(SpoolError::TooLarge {
                 len: payload.len(),
@@ -366,6 +374,22 @@ impl Spool {
             }
         }
         self.sealed.drain(..covered);
+        Ok(())
+    }
+
+    /// Syncs, unmaps every segment and releases the lock, so that another
+    /// process (`relaunch sync`) may open the directory while this handle
+    /// lives on. Appends fail afterwards and reads find nothing.
+    pub fn close(&mut self) -> Result<(), SpoolError> {
+        if self.lock.is_none() {
+            return Ok(());
+        }
+        self.sync()?;
+        self.sealed.clear();
+        self.active = None;
+        *self.cursor.lock() = None;
+        self.last_seq = self.acked;
+        self.lock = None;
         Ok(())
     }
 

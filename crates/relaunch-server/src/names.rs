@@ -1,66 +1,12 @@
-//! Names that come from requests (run ids, project names, metric keys) and
-//! may one day name files: checked before anything uses them.
+//! Names that come from requests, checked before anything uses them, with
+//! the rules of `relaunch_api::names` (shared with the client).
 
 use crate::error::AppError;
 
-/// Longest run id or project name.
-pub const MAX_NAME: usize = 128;
-/// Longest metric key.
-pub const MAX_KEY: usize = 256;
-
-/// A run id or project name: 1 to 128 of letters, digits, `-`, `_`, `.`,
-/// not starting with a dot, so it is always a plain file name (no `/`, no
-/// `..`, nothing absolute, nothing hidden).
 pub fn check_name(what: &str, name: &str) -> Result<(), AppError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(AppError::BadRequest(format!(
-            "{what} {name:?} is not allowed: use 1 to {MAX_NAME} letters, digits, '-', '_' or '.', not starting with '.'"
-        )))
-    }
+    relaunch_api::names::check_name(what, name).map_err(AppError::BadRequest)
 }
 
-/// A metric key: any printable text up to 256 bytes (it never names a file).
 pub fn check_key(key: &str) -> Result<(), AppError> {
-    if key.is_empty() || key.len() > MAX_KEY || key.chars().any(char::is_control) {
-        return Err(AppError::BadRequest(format!(
-            "metric key {key:?} is not allowed: use 1 to {MAX_KEY} bytes of printable text"
-        )));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_that_could_escape_a_directory_are_refused() {
-        for bad in [
-            "",
-            "..",
-            ".hidden",
-            "a/b",
-            "/abs",
-            "a\\b",
-            "%2e%2e",
-            "x\0y",
-            "é",
-            &"x".repeat(129),
-        ] {
-            assert!(check_name("run id", bad).is_err(), "{bad:?}");
-        }
-        for good in ["run-1", "abc.def_2", "A"] {
-            assert!(check_name("run id", good).is_ok(), "{good:?}");
-        }
-        assert!(check_key("train/loss").is_ok());
-        assert!(check_key("bad\nkey").is_err());
-    }
+    relaunch_api::names::check_key(key).map_err(AppError::BadRequest)
 }

@@ -115,14 +115,25 @@ fn runs_are_created_resumed_and_given_attempts() {
 fn a_run_opened_without_a_project_takes_the_first_one_named() {
     each_backend(|s, _| {
         // The launcher opens the job's run before the script names its project.
-        let launcher = RunInit { project: None, ..init("", Some("job"), "l0") };
-        assert_eq!(s.open_run(&launcher, 1.0).unwrap().project, relaunch_api::DEFAULT_PROJECT);
+        let launcher = RunInit {
+            project: None,
+            ..init("", Some("job"), "l0")
+        };
+        assert_eq!(
+            s.open_run(&launcher, 1.0).unwrap().project,
+            relaunch_api::DEFAULT_PROJECT
+        );
         let rank = s.open_run(&init("mnist", Some("job"), "l0"), 2.0).unwrap();
         assert_eq!((rank.project.as_str(), rank.attempt), ("mnist", Some(0)));
         // From then on it stays there, and the launcher still joins it.
         assert_eq!(s.open_run(&launcher, 3.0).unwrap().project, "mnist");
-        let err = s.open_run(&init("other", Some("job"), "l0"), 4.0).unwrap_err();
-        assert!(matches!(&err, StorageError::Conflict(m) if m.contains("\"mnist\"")), "{err}");
+        let err = s
+            .open_run(&init("other", Some("job"), "l0"), 4.0)
+            .unwrap_err();
+        assert!(
+            matches!(&err, StorageError::Conflict(m) if m.contains("\"mnist\"")),
+            "{err}"
+        );
     });
 }
 
@@ -452,4 +463,82 @@ fn data_survives_reopening() {
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+#[test]
+fn the_newest_event_sets_the_status_even_when_shipped_late() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let event = |writer: &str, kind: &str, wall: f64| Batch {
+            writer: writer.into(),
+            attempt_token: "t0".into(),
+            records: vec![(
+                1,
+                Record::Event {
+                    kind: kind.into(),
+                    wall,
+                    text: String::new(),
+                    data: String::new(),
+                },
+            )],
+        };
+        s.ingest("r", &event("launcher", "finished", 20.0), 21.0)
+            .unwrap();
+        // A rank's spool synced later still holds its start event.
+        s.ingest("r", &event("rank0", "start", 10.0), 30.0).unwrap();
+        assert_eq!(s.get_run("r").unwrap().status, RunStatus::Finished);
+        // Resuming the run does not change the status either; its start event does.
+        s.open_run(&init("p", Some("r"), "t1"), 40.0).unwrap();
+        assert_eq!(s.get_run("r").unwrap().status, RunStatus::Finished);
+        s.ingest("r", &event("rank0-b", "start", 41.0), 41.0)
+            .unwrap();
+        assert_eq!(s.get_run("r").unwrap().status, RunStatus::Running);
+    });
+}
+
+#[test]
+fn attempts_are_ordered_by_when_they_started_not_when_they_arrived() {
+    each_backend(|s, _| {
+        // The resumed process (started at 200) reaches the server first and
+        // ships the spool of the dead one (started at 100) afterwards.
+        let open = |token: &str, started: f64| RunInit {
+            attempt_started: Some(started),
+            ..init("p", Some("r"), token)
+        };
+        assert_eq!(
+            s.open_run(&open("new", 200.0), 201.0).unwrap().attempt,
+            Some(0)
+        );
+        s.ingest(
+            "r",
+            &Batch {
+                attempt_token: "new".into(),
+                ..metrics("w-new", 1, "loss", 50..80, 0)
+            },
+            202.0,
+        )
+        .unwrap();
+        assert_eq!(
+            s.open_run(&open("old", 100.0), 203.0).unwrap().attempt,
+            Some(1)
+        );
+        s.ingest(
+            "r",
+            &Batch {
+                attempt_token: "old".into(),
+                ..metrics("w-old", 1, "loss", 0..70, 0)
+            },
+            204.0,
+        )
+        .unwrap();
+        let series = s.series("r", &all("loss")).unwrap();
+        assert_eq!(series.total, 80);
+        assert!(
+            series.points[..50].iter().all(|p| p.attempt == 1),
+            "the old attempt up to where the new one resumed"
+        );
+        assert!(series.points[50..].iter().all(|p| p.attempt == 0));
+        let latest = s.latest("r").unwrap();
+        assert_eq!((latest[0].step, latest[0].attempt), (79, 0));
+    });
 }

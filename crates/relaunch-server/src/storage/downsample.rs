@@ -5,7 +5,10 @@
 //! A resumed attempt replaces what earlier attempts logged from the step it
 //! resumed at: attempt `a`'s values at steps at or past the first step of
 //! any newer attempt are hidden (they belong to an abandoned branch), unless
-//! the query asks for attempt `a` alone.
+//! the query asks for attempt `a` alone. "Newer" is by when the attempt
+//! started ([`ChunkMeta::order`]), not by its number: numbers are given in
+//! the order attempts reach the server, and a dead attempt's spool may
+//! reach it after the next attempt did.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,6 +22,8 @@ use super::chunk::{BLOCK, Point, Summary};
 pub struct ChunkMeta {
     pub id: i64,
     pub attempt: u32,
+    /// The attempt's place when attempts are sorted by start: larger is newer.
+    pub order: u32,
     pub summary: Summary,
 }
 
@@ -180,14 +185,15 @@ pub fn assemble(
 /// For each attempt, the first step of any newer attempt: where its values
 /// stop counting.
 fn cuts(chunks: &[&ChunkMeta]) -> HashMap<u32, i64> {
-    let mut starts: BTreeMap<u32, i64> = BTreeMap::new();
+    // (order, attempt) -> the attempt's first step.
+    let mut starts: BTreeMap<(u32, u32), i64> = BTreeMap::new();
     for c in chunks {
-        let start = starts.entry(c.attempt).or_insert(i64::MAX);
+        let start = starts.entry((c.order, c.attempt)).or_insert(i64::MAX);
         *start = (*start).min(c.summary.first_step);
     }
     let mut cuts = HashMap::new();
     let mut newer_min = i64::MAX;
-    for (&attempt, &start) in starts.iter().rev() {
+    for (&(_, attempt), &start) in starts.iter().rev() {
         cuts.insert(attempt, newer_min);
         newer_min = newer_min.min(start);
     }
@@ -280,6 +286,7 @@ mod tests {
                 metas.push(ChunkMeta {
                     id,
                     attempt: *attempt,
+                    order: *attempt,
                     summary: Summary::of(chunk).unwrap(),
                 });
                 memory.insert(id, chunk.to_vec());
@@ -319,6 +326,20 @@ mod tests {
         };
         let (total, points) = assemble(&chunks, &q, &mut src).unwrap();
         assert_eq!((total, points.last().unwrap().step), (100, 99));
+    }
+
+    #[test]
+    fn the_attempt_that_started_later_wins_whatever_its_number() {
+        // Attempt 1 reached the server first but started first too: it is
+        // the dead process whose spool was shipped by attempt 0.
+        let (mut chunks, mut src) = series(&[(1, 0..100), (0, 60..150)]);
+        for c in &mut chunks {
+            c.order = if c.attempt == 1 { 0 } else { 1 };
+        }
+        let (_, points) = assemble(&chunks, &query(1000), &mut src).unwrap();
+        assert_eq!(points.len(), 150);
+        assert!(points[..60].iter().all(|p| p.attempt == 1));
+        assert!(points[60..].iter().all(|p| p.attempt == 0));
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 use relaunch_api::{
-    Ack, Batch, DEFAULT_PROJECT, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
-    Series, SeriesQuery, Stream,
+    Ack, Batch, DEFAULT_PROJECT, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit,
+    RunPatch, RunStatus, Series, SeriesQuery, Stream,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
@@ -55,6 +55,8 @@ CREATE TABLE IF NOT EXISTS runs (
     attempts   INTEGER NOT NULL,
     -- 0 while the project is the default one no caller asked for.
     project_set INTEGER NOT NULL,
+    -- Wall time of the event that set the status.
+    status_wall REAL NOT NULL DEFAULT 0,
     tags       TEXT NOT NULL,
     notes      TEXT NOT NULL,
     config     TEXT NOT NULL
@@ -64,6 +66,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     run_id  TEXT NOT NULL,
     token   TEXT NOT NULL,
     attempt INTEGER NOT NULL,
+    -- When the attempt started (its earliest process); orders attempts.
+    started REAL NOT NULL,
     PRIMARY KEY (run_id, token)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS writers (
@@ -326,8 +330,10 @@ fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
 fn project_id(conn: &Connection, name: &str) -> Result<i64, StorageError> {
     conn.execute("INSERT OR IGNORE INTO projects(name) VALUES (?1)", [name])
         .map_err(backend)?;
-    conn.query_row("SELECT id FROM projects WHERE name = ?1", [name], |r| r.get(0))
-        .map_err(backend)
+    conn.query_row("SELECT id FROM projects WHERE name = ?1", [name], |r| {
+        r.get(0)
+    })
+    .map_err(backend)
 }
 
 fn new_run_id() -> String {
@@ -374,9 +380,11 @@ impl Storage for SqliteStorage {
             }
             match existing {
                 Some(_) => {
-                    // Resuming: what the caller gives replaces what was.
+                    // Resuming: what the caller gives replaces what was. The
+                    // status moves with events only: a late spool shipped
+                    // after the run finished must not make it running again.
                     conn.execute(
-                        "UPDATE runs SET status = 'running', updated_at = ?2 WHERE id = ?1",
+                        "UPDATE runs SET updated_at = ?2 WHERE id = ?1",
                         params![id, now],
                     )
                     .map_err(backend)?;
@@ -418,7 +426,7 @@ impl Storage for SqliteStorage {
                     .map_err(backend)?;
                 }
             }
-            let attempt = attempt_of(conn, &id, &init.attempt_token)?;
+            let attempt = attempt_of(conn, &id, &init.attempt_token, init.attempt_started, now)?;
             let mut info = get_run(conn, &id)?;
             info.attempt = Some(attempt);
             Ok(info)
@@ -560,11 +568,14 @@ impl Storage for SqliteStorage {
                      FROM chunks WHERE key_id = ?1 AND rank = ?2 ORDER BY first_step, id",
                 )
                 .map_err(backend)?;
+            let order = attempt_order(conn, run)?;
             let chunks = stmt
                 .query_map(params![key_id, rank], |r| {
+                    let attempt: u32 = r.get(1)?;
                     Ok(ChunkMeta {
                         id: r.get(0)?,
-                        attempt: r.get(1)?,
+                        attempt,
+                        order: order.get(&attempt).copied().unwrap_or(attempt),
                         summary: Summary {
                             first_step: r.get(2)?,
                             last_step: r.get(3)?,
@@ -730,8 +741,16 @@ fn watermark(conn: &Connection, run: &str, writer: &str) -> Result<u64, StorageE
 }
 
 /// The attempt number of `token` in `run`: the same token always gets the
-/// same number, a new token the next one.
-fn attempt_of(conn: &Connection, run: &str, token: &str) -> Result<u32, StorageError> {
+/// same number, a new token the next one. `started` (else `now`) records
+/// when it began; a process of the attempt that reports an earlier start
+/// moves it back.
+fn attempt_of(
+    conn: &Connection,
+    run: &str,
+    token: &str,
+    started: Option<f64>,
+    now: f64,
+) -> Result<u32, StorageError> {
     let known = conn
         .prepare_cached("SELECT attempt FROM attempts WHERE run_id = ?1 AND token = ?2")
         .and_then(|mut s| {
@@ -740,6 +759,13 @@ fn attempt_of(conn: &Connection, run: &str, token: &str) -> Result<u32, StorageE
         })
         .map_err(backend)?;
     if let Some(attempt) = known {
+        if let Some(started) = started.filter(|t| t.is_finite()) {
+            conn.prepare_cached(
+                "UPDATE attempts SET started = ?3 WHERE run_id = ?1 AND token = ?2 AND started > ?3",
+            )
+            .and_then(|mut s| s.execute(params![run, token, started]))
+            .map_err(backend)?;
+        }
         return Ok(attempt);
     }
     let attempt: u32 = conn
@@ -747,9 +773,10 @@ fn attempt_of(conn: &Connection, run: &str, token: &str) -> Result<u32, StorageE
             r.get(0)
         })
         .map_err(backend)?;
+    let started = started.filter(|t| t.is_finite()).unwrap_or(now);
     conn.execute(
-        "INSERT INTO attempts(run_id, token, attempt) VALUES (?1, ?2, ?3)",
-        params![run, token, attempt],
+        "INSERT INTO attempts(run_id, token, attempt, started) VALUES (?1, ?2, ?3, ?4)",
+        params![run, token, attempt, started],
     )
     .map_err(backend)?;
     conn.execute(
@@ -758,6 +785,23 @@ fn attempt_of(conn: &Connection, run: &str, token: &str) -> Result<u32, StorageE
     )
     .map_err(backend)?;
     Ok(attempt)
+}
+
+/// Each attempt's place when sorted by start (then number): larger is newer.
+fn attempt_order(conn: &Connection, run: &str) -> Result<HashMap<u32, u32>, StorageError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT attempt FROM attempts WHERE run_id = ?1 ORDER BY started, attempt")
+        .map_err(backend)?;
+    let attempts = stmt
+        .query_map([run], |r| r.get::<_, u32>(0))
+        .map_err(backend)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(backend)?;
+    Ok(attempts
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| (a, i as u32))
+        .collect())
 }
 
 fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
@@ -784,7 +828,7 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
         )));
     }
     let last = fresh.last().map_or(mark, |(seq, _)| *seq);
-    let attempt = attempt_of(conn, run, &batch.attempt_token)?;
+    let attempt = attempt_of(conn, run, &batch.attempt_token, None, now)?;
 
     // Metric points grouped by series: (key, rank).
     let mut series: HashMap<(&str, u32), Vec<Point>> = HashMap::new();
@@ -832,7 +876,7 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
                 )
                 .and_then(|mut s| s.execute(params![run, kind, attempt, wall, text, if data.is_empty() { "null" } else { data }]))
                 .map_err(backend)?;
-                apply_event_status(conn, run, kind, now)?;
+                apply_event_status(conn, run, kind, *wall, now)?;
             }
         }
     }
@@ -848,7 +892,7 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
         };
         chunk::sort_dedup(&mut points);
         for part in points.chunks(CHUNK_MAX) {
-            store_chunk(conn, key_id, rank, attempt, part)?;
+            store_chunk(conn, run, key_id, rank, attempt, part)?;
         }
     }
     conn.prepare_cached(
@@ -873,10 +917,13 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
 }
 
 /// Lifecycle events move the run's status.
+/// The newest event by its wall time decides, so that events shipped late
+/// (a spool synced after the run ended) do not overwrite newer ones.
 fn apply_event_status(
     conn: &Connection,
     run: &str,
     kind: &str,
+    wall: f64,
     now: f64,
 ) -> Result<(), StorageError> {
     let status = match kind {
@@ -888,8 +935,8 @@ fn apply_event_status(
         _ => return Ok(()),
     };
     conn.execute(
-        "UPDATE runs SET status = ?2, updated_at = ?3 WHERE id = ?1",
-        params![run, status.as_str(), now],
+        "UPDATE runs SET status = ?2, status_wall = ?4, updated_at = ?3 WHERE id = ?1 AND status_wall <= ?4",
+        params![run, status.as_str(), now, now_or(wall)],
     )
     .map_err(backend)?;
     Ok(())
@@ -906,6 +953,7 @@ fn key_id(conn: &Connection, run: &str, name: &str) -> Result<i64, StorageError>
 
 fn store_chunk(
     conn: &Connection,
+    run: &str,
     key_id: i64,
     rank: u32,
     attempt: u32,
@@ -936,14 +984,20 @@ fn store_chunk(
         ])
     })
     .map_err(backend)?;
-    // The newest value: the highest step, and of equal steps the newest attempt.
+    // The newest value: the newest attempt's (by start), and of its values
+    // the highest step's.
     conn.prepare_cached(
         "INSERT INTO latest(key_id, rank, step, value, wall, attempt) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
          ON CONFLICT(key_id, rank) DO UPDATE SET step = excluded.step, value = excluded.value, \
          wall = excluded.wall, attempt = excluded.attempt \
-         WHERE excluded.attempt > latest.attempt OR (excluded.attempt = latest.attempt AND excluded.step >= latest.step)",
+         WHERE (excluded.attempt = latest.attempt AND excluded.step >= latest.step) \
+         OR (excluded.attempt != latest.attempt AND \
+             (SELECT started, attempt FROM attempts WHERE run_id = ?7 AND attempt = excluded.attempt) > \
+             (SELECT started, attempt FROM attempts WHERE run_id = ?7 AND attempt = latest.attempt))",
     )
-    .and_then(|mut stmt| stmt.execute(params![key_id, rank, s.last_step, finite(s.last_value), s.last_wall, attempt]))
+    .and_then(|mut stmt| {
+        stmt.execute(params![key_id, rank, s.last_step, finite(s.last_value), s.last_wall, attempt, run])
+    })
     .map_err(backend)?;
     Ok(())
 }

@@ -1,0 +1,369 @@
+//! The HTTP side of the client: one method per endpoint of `/api/v1`.
+//!
+//! Proxies come from the usual environment (`HTTPS_PROXY`, `HTTP_PROXY`,
+//! `ALL_PROXY`, `NO_PROXY`). No request has a total deadline: a transfer
+//! that keeps making progress is never cut; one that stalls for
+//! [`READ_STALL`] is.
+
+use std::time::Duration;
+
+use relaunch_api::{
+    API_PREFIX, Ack, ApiError, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit,
+    RunPatch, Series, SeriesQuery,
+};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+
+use crate::error::ClientError;
+
+/// The environment variable naming the server, as `http(s)://host:port`.
+pub const SERVER_ENV: &str = "RELAUNCH_SERVER";
+/// The environment variable holding the server's access token.
+pub const TOKEN_ENV: &str = "RELAUNCH_SERVER_TOKEN";
+
+/// A connection attempt that takes longer fails (and is retried by the shipper).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Silence on an open connection for this long ends the request.
+pub const READ_STALL: Duration = Duration::from_secs(120);
+
+/// A handle on one tracking server; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    /// `scheme://host:port/api/v1`, no trailing slash.
+    base: String,
+    token: Option<String>,
+}
+
+/// A run query for [`Client::logs`].
+#[derive(Clone, Debug, Default)]
+pub struct LogsQuery {
+    pub rank: Option<u32>,
+    pub after: u64,
+    pub limit: Option<u32>,
+    /// Seconds the server may wait for a line when none is there yet.
+    pub wait: f64,
+}
+
+impl Client {
+    /// `server` is `http://host:port` or `https://host:port` (a bare
+    /// `host:port` means http); `token` is sent as a bearer token.
+    pub fn new(server: &str, token: Option<&str>) -> Result<Self, ClientError> {
+        let base = normalize_server(server)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_STALL)
+            .user_agent(concat!("relaunch/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ClientError::Config(format!("cannot set up HTTP: {e}")))?;
+        Ok(Self {
+            http,
+            base: format!("{base}{API_PREFIX}"),
+            token: token.filter(|t| !t.is_empty()).map(str::to_owned),
+        })
+    }
+
+    /// The server named by `RELAUNCH_SERVER` (and its token), if set.
+    pub fn from_env() -> Result<Option<Self>, ClientError> {
+        match std::env::var(SERVER_ENV) {
+            Ok(server) if !server.trim().is_empty() => {
+                let token = std::env::var(TOKEN_ENV).ok();
+                Self::new(&server, token.as_deref()).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The server's root URL, for messages.
+    pub fn url(&self) -> &str {
+        self.base.strip_suffix(API_PREFIX).unwrap_or(&self.base)
+    }
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.call("the health check", self.request(Method::GET, "/health"))
+            .await
+    }
+
+    pub async fn open_run(&self, init: &RunInit) -> Result<RunInfo, ClientError> {
+        self.call(
+            "opening the run",
+            self.request(Method::POST, "/runs").json(init),
+        )
+        .await
+    }
+
+    pub async fn get_run(&self, id: &str) -> Result<RunInfo, ClientError> {
+        self.call("reading the run", self.run_request(Method::GET, id, "")?)
+            .await
+    }
+
+    pub async fn patch_run(&self, id: &str, patch: &RunPatch) -> Result<RunInfo, ClientError> {
+        self.call(
+            "updating the run",
+            self.run_request(Method::PATCH, id, "")?.json(patch),
+        )
+        .await
+    }
+
+    pub async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, ClientError> {
+        let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(p) = &filter.project {
+            query.push(("project", p.clone()));
+        }
+        if let Some(t) = &filter.tag {
+            query.push(("tag", t.clone()));
+        }
+        if let Some(s) = filter.status {
+            query.push(("status", s.as_str().to_owned()));
+        }
+        for p in &filter.param {
+            query.push(("param", p.clone()));
+        }
+        if let Some(l) = filter.limit {
+            query.push(("limit", l.to_string()));
+        }
+        self.call(
+            "listing runs",
+            self.request(Method::GET, "/runs").query(&query),
+        )
+        .await
+    }
+
+    /// Sends an encoded batch (`relaunch_api::batch`).
+    pub async fn send_batch(&self, run: &str, batch: Vec<u8>) -> Result<Ack, ClientError> {
+        self.call(
+            "a batch",
+            self.run_request(Method::POST, run, "/batches")?
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    relaunch_api::batch::CONTENT_TYPE,
+                )
+                .body(batch),
+        )
+        .await
+    }
+
+    /// The highest sequence number of `writer` the server has stored.
+    pub async fn watermark(&self, run: &str, writer: &str) -> Result<u64, ClientError> {
+        let ack: Ack = self
+            .call(
+                "the watermark query",
+                self.run_request(Method::GET, run, "/watermark")?
+                    .query(&[("writer", writer)]),
+            )
+            .await?;
+        Ok(ack.watermark)
+    }
+
+    pub async fn keys(&self, run: &str) -> Result<Vec<String>, ClientError> {
+        self.call("listing keys", self.run_request(Method::GET, run, "/keys")?)
+            .await
+    }
+
+    pub async fn series(&self, run: &str, query: &SeriesQuery) -> Result<Series, ClientError> {
+        let mut q: Vec<(&str, String)> = vec![
+            ("key", query.key.clone()),
+            ("buckets", query.buckets.to_string()),
+        ];
+        if let Some(r) = query.rank {
+            q.push(("rank", r.to_string()));
+        }
+        if let Some(s) = query.min_step {
+            q.push(("min_step", s.to_string()));
+        }
+        if let Some(s) = query.max_step {
+            q.push(("max_step", s.to_string()));
+        }
+        if let Some(a) = query.attempt {
+            q.push(("attempt", a.to_string()));
+        }
+        self.call(
+            "reading a series",
+            self.run_request(Method::GET, run, "/series")?.query(&q),
+        )
+        .await
+    }
+
+    pub async fn latest(&self, run: &str) -> Result<Vec<Latest>, ClientError> {
+        self.call(
+            "reading the latest values",
+            self.run_request(Method::GET, run, "/latest")?,
+        )
+        .await
+    }
+
+    pub async fn logs(&self, run: &str, query: &LogsQuery) -> Result<Vec<LogLine>, ClientError> {
+        let mut q: Vec<(&str, String)> = vec![
+            ("after", query.after.to_string()),
+            ("wait", query.wait.to_string()),
+        ];
+        if let Some(r) = query.rank {
+            q.push(("rank", r.to_string()));
+        }
+        if let Some(l) = query.limit {
+            q.push(("limit", l.to_string()));
+        }
+        self.call(
+            "reading console lines",
+            self.run_request(Method::GET, run, "/logs")?.query(&q),
+        )
+        .await
+    }
+
+    pub async fn events(&self, run: &str) -> Result<Vec<Event>, ClientError> {
+        self.call(
+            "reading events",
+            self.run_request(Method::GET, run, "/events")?,
+        )
+        .await
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// A request under `/runs/{id}`; the id is checked here so that no
+    /// caller can aim a request elsewhere with `../`.
+    fn run_request(
+        &self,
+        method: Method,
+        id: &str,
+        rest: &str,
+    ) -> Result<RequestBuilder, ClientError> {
+        check_run_id(id)?;
+        Ok(self.request(method, &format!("/runs/{id}{rest}")))
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        what: &str,
+        request: RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).map_err(|e| ClientError::Status {
+                status: status.as_u16(),
+                what: what.to_owned(),
+                message: format!(
+                    "the answer is not what a relaunch server sends ({e}); is {} a relaunch server?",
+                    self.url()
+                ),
+            });
+        }
+        Err(ClientError::Status {
+            status: status.as_u16(),
+            what: what.to_owned(),
+            message: error_message(status, &body),
+        })
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> ClientError {
+        // reqwest's Display stops at the outermost layer; the cause says why.
+        let mut reason = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(inner) = source {
+            reason.push_str(": ");
+            reason.push_str(&inner.to_string());
+            source = inner.source();
+        }
+        ClientError::Unreachable {
+            url: self.url().to_owned(),
+            reason,
+        }
+    }
+}
+
+/// The server's own message, or what the body shows (a proxy's page).
+fn error_message(status: StatusCode, body: &[u8]) -> String {
+    if let Ok(api) = serde_json::from_slice::<ApiError>(body) {
+        return api.error;
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let shown: String = text.chars().take(200).collect();
+    if shown.is_empty() {
+        format!("{status} with no body; is there a proxy in the way?")
+    } else {
+        format!("{status}: {shown}")
+    }
+}
+
+/// `http(s)://host[:port][/prefix]` without a trailing slash; a prefix is
+/// where a reverse proxy serves the API.
+pub fn normalize_server(server: &str) -> Result<String, ClientError> {
+    let trimmed = server.trim();
+    let with_scheme = if trimmed.contains("://") {
+        trimmed.to_owned()
+    } else {
+        format!("http://{trimmed}")
+    };
+    let refuse = |why: String| {
+        ClientError::Config(format!(
+            "server {trimmed:?} {why}; give it as http://HOST:PORT, e.g. http://127.0.0.1:8765"
+        ))
+    };
+    let url =
+        reqwest::Url::parse(&with_scheme).map_err(|e| refuse(format!("is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(refuse(format!(
+            "uses {}://, not http:// or https://",
+            url.scheme()
+        )));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(refuse("has no host".into()));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(refuse("has a query or fragment".into()));
+    }
+    Ok(format!(
+        "{}{}",
+        url.origin().ascii_serialization(),
+        url.path().trim_end_matches('/')
+    ))
+}
+
+/// Run ids are plain names: they become directory names in the spool and
+/// path segments in URLs.
+pub fn check_run_id(id: &str) -> Result<(), ClientError> {
+    relaunch_api::names::check_name("run id", id).map_err(ClientError::Config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_are_normalized_or_refused_with_the_fix() {
+        assert_eq!(
+            normalize_server("127.0.0.1:8765/").unwrap(),
+            "http://127.0.0.1:8765"
+        );
+        assert_eq!(
+            normalize_server("https://track.example.com").unwrap(),
+            "https://track.example.com"
+        );
+        assert_eq!(
+            normalize_server("https://proxy.example.com/relaunch/").unwrap(),
+            "https://proxy.example.com/relaunch"
+        );
+        for bad in ["ftp://x", "http://", "", "http://h:1/?q=1"] {
+            let err = normalize_server(bad).unwrap_err().to_string();
+            assert!(err.contains("http://"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn run_ids_cannot_leave_their_directory() {
+        for bad in ["../x", "/abs", "a/b", ".hidden", "", "%2e%2e"] {
+            assert!(check_run_id(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_run_id("job-42.b_c").is_ok());
+    }
+}

@@ -1,0 +1,447 @@
+//! A run handle: what `relaunch.init` returns in Python and what the
+//! launcher logs through. Every record is appended to this process's spool
+//! before the call returns (it then survives the process being killed) and
+//! shipped by a background [`Shipper`]; no call here touches the network.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use relaunch_api::batch::{MAX_VALUES, put_log, put_metric_value, put_metrics_header};
+use relaunch_api::{Record, RunInit, Stream};
+use serde_json::Value;
+
+use crate::env;
+use crate::error::ClientError;
+use crate::http::{Client, check_run_id, normalize_server};
+use crate::local::{self, DEFAULT_DIR, WriterInfo};
+use crate::shipper::{Outbox, Shipper};
+use crate::spool::{Spool, SpoolError, SpoolOptions};
+
+/// How often the shipper looks for new records when nobody flushes.
+pub const DEFAULT_SHIP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What to open. Unset fields come from the environment (see [`env`]),
+/// then from defaults.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    pub project: Option<String>,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub config: Option<Value>,
+    pub tags: Vec<String>,
+    pub notes: Option<String>,
+    /// `http(s)://HOST:PORT`; `RELAUNCH_SERVER` when unset.
+    pub server: Option<String>,
+    pub token: Option<String>,
+    /// Log to the spool only, ship nothing (`relaunch sync` ships it later).
+    pub offline: bool,
+    /// The client's directory; `RELAUNCH_DIR`, else `./relaunch-runs`.
+    pub dir: Option<PathBuf>,
+    /// The rank records are logged as; `RANK`, else 0.
+    pub rank: Option<u32>,
+    /// `RELAUNCH_ATTEMPT_TOKEN`, else a new attempt for this process.
+    pub attempt_token: Option<String>,
+    /// Starts this process's writer id (`rank0` by default).
+    pub writer_prefix: Option<String>,
+    /// Record `start` and `finished` events. Default: when no launcher
+    /// (which records the job's events itself) started this process.
+    pub lifecycle_events: Option<bool>,
+    /// Zero means [`DEFAULT_SHIP_INTERVAL`].
+    pub ship_interval: Duration,
+    pub segment_bytes: Option<usize>,
+}
+
+/// An open run of this process.
+#[derive(Debug)]
+pub struct Run {
+    id: String,
+    rank: u32,
+    writer: String,
+    writer_dir: PathBuf,
+    server: Option<String>,
+    spool: Arc<Mutex<Spool>>,
+    scratch: Mutex<Scratch>,
+    shipper: Mutex<Option<Shipper>>,
+    lifecycle: bool,
+    finished: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Scratch {
+    body: Vec<u8>,
+    next_step: i64,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn new_id(len: usize) -> String {
+    let mut id = uuid::Uuid::new_v4().simple().to_string();
+    id.truncate(len);
+    id
+}
+
+impl Run {
+    /// Opens the run: a spool of its own for this process, the run's
+    /// settings beside it, and (unless offline) a shipper that also takes
+    /// over spools that dead processes of the same run left behind.
+    pub fn start(options: RunOptions) -> Result<Self, ClientError> {
+        let id = options
+            .id
+            .clone()
+            .or_else(|| env::var(env::RUN_ID))
+            .unwrap_or_else(|| new_id(12));
+        check_run_id(&id)?;
+        let project = options.project.clone().or_else(|| env::var(env::PROJECT));
+        if let Some(project) = &project {
+            relaunch_api::names::check_name("project", project).map_err(ClientError::Config)?;
+        }
+        let rank = match options.rank {
+            Some(rank) => rank,
+            None => match env::var(env::RANK) {
+                Some(text) => text.trim().parse().map_err(|_| {
+                    ClientError::Config(format!(
+                        "{}={text:?} is not a rank; unset it or pass rank=",
+                        env::RANK
+                    ))
+                })?,
+                None => 0,
+            },
+        };
+        let under_launcher = env::var(env::ATTEMPT_TOKEN).is_some();
+        let attempt_token = options
+            .attempt_token
+            .clone()
+            .or_else(|| env::var(env::ATTEMPT_TOKEN))
+            .unwrap_or_else(|| format!("process-{}", new_id(16)));
+        let server = if options.offline {
+            None
+        } else {
+            match options.server.clone().or_else(|| env::var(env::SERVER)) {
+                Some(server) => Some(normalize_server(&server)?),
+                None => None,
+            }
+        };
+        let token = options
+            .token
+            .clone()
+            .or_else(|| env::var(env::SERVER_TOKEN));
+        let dir = options
+            .dir
+            .clone()
+            .or_else(|| env::var(env::DIR).map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+        let prefix = options
+            .writer_prefix
+            .clone()
+            .unwrap_or_else(|| format!("rank{rank}"));
+        let writer = format!("{prefix}-{}", new_id(12));
+        for tag in &options.tags {
+            if tag.is_empty() || tag.len() > 256 {
+                return Err(ClientError::Config(format!(
+                    "tag {tag:?} must be 1 to 256 bytes"
+                )));
+            }
+        }
+        let created = now();
+        let info = WriterInfo {
+            format: 1,
+            writer: writer.clone(),
+            run: RunInit {
+                project,
+                id: Some(id.clone()),
+                name: options.name.clone(),
+                config: options.config.clone(),
+                tags: options.tags.clone(),
+                notes: options.notes.clone(),
+                attempt_token,
+                // This process started now; the server keeps the earliest
+                // of the attempt's processes.
+                attempt_started: Some(created),
+            },
+            server: server.clone(),
+            created,
+            pid: std::process::id(),
+        };
+        let writer_dir = local::create_writer(&dir, &info)?;
+        let spool_options = SpoolOptions {
+            segment_bytes: options
+                .segment_bytes
+                .unwrap_or(SpoolOptions::default().segment_bytes),
+        };
+        let spool = Arc::new(Mutex::new(Spool::open(&writer_dir, spool_options)?));
+        let shipper = match &server {
+            Some(server) => {
+                let client = Client::new(server, token.as_deref())?;
+                let mut outboxes = vec![Outbox {
+                    dir: writer_dir.clone(),
+                    info: info.clone(),
+                    spool: spool.clone(),
+                    adopted: false,
+                }];
+                outboxes.extend(adopt_orphans(&dir, &id, &writer, spool_options));
+                let interval = if options.ship_interval.is_zero() {
+                    DEFAULT_SHIP_INTERVAL
+                } else {
+                    options.ship_interval
+                };
+                Some(Shipper::start(client, outboxes, interval)?)
+            }
+            None => None,
+        };
+        let run = Self {
+            id,
+            rank,
+            writer,
+            writer_dir,
+            server,
+            spool,
+            scratch: Mutex::new(Scratch::default()),
+            shipper: Mutex::new(shipper),
+            lifecycle: options.lifecycle_events.unwrap_or(!under_launcher),
+            finished: AtomicBool::new(false),
+        };
+        if run.lifecycle {
+            let data = serde_json::json!({
+                "pid": std::process::id(),
+                "rank": rank,
+                "host": hostname(),
+            });
+            run.event("start", "", &data)?;
+        }
+        Ok(run)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    /// This process's spool directory.
+    pub fn dir(&self) -> &Path {
+        &self.writer_dir
+    }
+
+    /// The server records are shipped to; `None` when offline.
+    pub fn server(&self) -> Option<&str> {
+        self.server.as_deref()
+    }
+
+    /// The attempt number the server gave this process's attempt, once the
+    /// run was opened there.
+    pub fn attempt(&self) -> Option<u32> {
+        self.shipper
+            .lock()
+            .as_ref()
+            .and_then(Shipper::run_info)
+            .and_then(|r| r.attempt)
+    }
+
+    /// Logs the values of one step. Without `step`, the step after the
+    /// previous one (0 first); with it, later calls without a step continue
+    /// from it. Returns the step used.
+    pub fn log(&self, step: Option<i64>, values: &[(&str, f64)]) -> Result<i64, ClientError> {
+        self.check_open()?;
+        if values.len() > MAX_VALUES {
+            return Err(ClientError::Config(format!(
+                "{} values in one call; log at most {MAX_VALUES} at a time",
+                values.len()
+            )));
+        }
+        for (key, _) in values {
+            relaunch_api::names::check_key(key).map_err(ClientError::Config)?;
+        }
+        let mut scratch = self.scratch.lock();
+        let step = step.unwrap_or(scratch.next_step);
+        scratch.next_step = scratch.next_step.max(step.saturating_add(1));
+        let Scratch { body, .. } = &mut *scratch;
+        body.clear();
+        put_metrics_header(body, step, now(), self.rank, values.len() as u16);
+        for (key, value) in values {
+            put_metric_value(body, key, *value);
+        }
+        self.spool.lock().append(body)?;
+        Ok(step)
+    }
+
+    /// Logs one console line of `rank`.
+    pub fn log_line(&self, rank: u32, stream: Stream, text: &str) -> Result<(), ClientError> {
+        self.check_open()?;
+        let mut scratch = self.scratch.lock();
+        scratch.body.clear();
+        put_log(&mut scratch.body, rank, stream, now(), text);
+        self.spool.lock().append(&scratch.body)?;
+        Ok(())
+    }
+
+    /// Records an event; `start`, `restart`, `preempted`, `failed` and
+    /// `finished` also set the run's status.
+    pub fn event(&self, kind: &str, text: &str, data: &Value) -> Result<(), ClientError> {
+        self.check_open()?;
+        if kind.is_empty() || kind.len() > 64 {
+            return Err(ClientError::Config(format!(
+                "event kind {kind:?} must be 1 to 64 bytes"
+            )));
+        }
+        let mut body = Vec::with_capacity(64 + text.len());
+        Record::Event {
+            kind: kind.to_owned(),
+            wall: now(),
+            text: text.to_owned(),
+            data: if data.is_null() {
+                String::new()
+            } else {
+                data.to_string()
+            },
+        }
+        .encode(&mut body);
+        self.spool.lock().append(&body)?;
+        Ok(())
+    }
+
+    /// Returns once the server has acknowledged everything logged so far
+    /// (offline: once it is on disk). Fails with the reason otherwise; the
+    /// records stay in the spool either way.
+    pub fn flush(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.spool.lock().sync()?;
+        match self.shipper.lock().as_ref() {
+            Some(shipper) => shipper.flush(timeout),
+            None => Ok(()),
+        }
+    }
+
+    /// Records unacknowledged (offline: all of them), this process's and
+    /// the dead writers' it took over.
+    pub fn pending(&self) -> u64 {
+        match self.shipper.lock().as_ref() {
+            Some(shipper) => shipper.pending(),
+            None => self.spool.lock().pending(),
+        }
+    }
+
+    /// Ends the run: records `finished` (or `failed` with `error`), flushes,
+    /// stops shipping and removes this process's spool once the server has
+    /// all of it. On failure the records stay where the error says.
+    pub fn finish(
+        &self,
+        timeout: Option<Duration>,
+        error: Option<&str>,
+    ) -> Result<(), ClientError> {
+        if !self.finished.load(Ordering::SeqCst) {
+            if self.lifecycle {
+                match error {
+                    Some(text) => self.event("failed", text, &Value::Null)?,
+                    None => self.event("finished", "", &Value::Null)?,
+                }
+            }
+            self.finished.store(true, Ordering::SeqCst);
+        }
+        self.flush(timeout)?;
+        let mut shipper = self.shipper.lock();
+        if let Some(mut shipper) = shipper.take() {
+            shipper.stop();
+            // Everything is acknowledged; the spool has done its job.
+            self.spool.lock().close()?;
+            local::remove_writer(&self.writer_dir)?;
+        } else if self.server.is_none() {
+            // Offline, the spool is the record: let `relaunch sync` open it.
+            self.spool.lock().close()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the shipper without waiting; what is not on the server stays
+    /// spooled for the next `init` of the run or `relaunch sync`.
+    pub fn close(&self) {
+        if let Some(mut shipper) = self.shipper.lock().take() {
+            shipper.stop();
+        }
+    }
+
+    fn check_open(&self) -> Result<(), ClientError> {
+        if self.finished.load(Ordering::Relaxed) {
+            return Err(ClientError::Config(format!(
+                "run {} is finished; start a new one with init() to log more",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The spools of earlier processes of run `id` in `dir` that no live
+/// process holds: shipped by this one. Empty ones are removed.
+fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<Outbox> {
+    let Ok(run_dir) = local::run_dir(dir, id) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&run_dir) else {
+        return Vec::new();
+    };
+    let mut adopted = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || entry.file_name() == own {
+            continue;
+        }
+        let info = match local::read_writer(&path) {
+            Ok(info) if info.run_id() == id => info,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a spool that cannot be read");
+                continue;
+            }
+        };
+        let spool = match Spool::open(&path, options) {
+            Ok(spool) => spool,
+            // A live process ships it.
+            Err(SpoolError::Busy { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a spool that cannot be opened");
+                continue;
+            }
+        };
+        if spool.pending() == 0 {
+            drop(spool);
+            if let Err(e) = local::remove_writer(&path) {
+                tracing::warn!(error = %e, "cannot remove an empty spool");
+            }
+            continue;
+        }
+        tracing::info!(dir = %path.display(), pending = spool.pending(), "shipping a spool left by an earlier process");
+        adopted.push(Outbox {
+            dir: path,
+            info,
+            spool: Arc::new(Mutex::new(spool)),
+            adopted: true,
+        });
+    }
+    adopted
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
+}

@@ -1,0 +1,396 @@
+//! The client against a real server in this process: delivery exactly once
+//! through server outages, crashed writers, size limits and wrong tokens.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use relaunch_api::SeriesQuery;
+use relaunch_client::sync::{Outcome, SyncOptions, sync};
+use relaunch_client::{ErrorKind, Run, RunOptions};
+use relaunch_server::AppState;
+use relaunch_server::storage::Storage;
+use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+
+struct TestServer {
+    addr: SocketAddr,
+    storage: Arc<SqliteStorage>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    data: PathBuf,
+}
+
+impl TestServer {
+    fn start(addr: SocketAddr, token: Option<&str>, max_request_bytes: usize) -> Self {
+        let data = temp_dir("server");
+        let storage = Arc::new(SqliteStorage::open(&data, Durability::Process).unwrap());
+        let state = AppState::new(storage.clone(), token.map(Into::into), max_request_bytes);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let listener = std::net::TcpListener::bind(addr).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                relaunch_server::serve(listener, state, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        Self {
+            addr,
+            storage,
+            stop: Some(stop),
+            thread: Some(thread),
+            data,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn total(&self, run: &str, key: &str, rank: u32) -> u64 {
+        let q = SeriesQuery {
+            key: key.into(),
+            rank: Some(rank),
+            buckets: 100_000,
+            min_step: None,
+            max_step: None,
+            attempt: None,
+        };
+        self.storage.series(run, &q).map(|s| s.total).unwrap_or(0)
+    }
+
+    fn steps(&self, run: &str, key: &str) -> Vec<i64> {
+        let q = SeriesQuery {
+            key: key.into(),
+            rank: Some(0),
+            buckets: 100_000,
+            min_step: None,
+            max_step: None,
+            attempt: None,
+        };
+        self.storage
+            .series(run, &q)
+            .unwrap()
+            .points
+            .iter()
+            .map(|p| p.step)
+            .collect()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.storage.close();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "relaunch-client-{what}-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A free port: bound, read, released.
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind(loopback())
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn options(dir: &Path, server: Option<String>, id: &str) -> RunOptions {
+    RunOptions {
+        project: Some("tests".into()),
+        id: Some(id.into()),
+        server,
+        offline: false,
+        dir: Some(dir.to_path_buf()),
+        rank: Some(0),
+        attempt_token: Some(format!("attempt-{}", rand::random::<u32>())),
+        lifecycle_events: Some(true),
+        ship_interval: Duration::from_millis(20),
+        segment_bytes: Some(64 * 1024),
+        ..RunOptions::default()
+    }
+}
+
+fn log_steps(run: &Run, steps: std::ops::Range<i64>) {
+    for step in steps {
+        run.log(
+            Some(step),
+            &[
+                ("loss", 1.0 / (step + 1) as f64),
+                ("lr", 0.1),
+                ("acc", 0.5),
+                ("gnorm", 2.0),
+            ],
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn logged_values_reach_the_server_once_and_the_spool_is_removed() {
+    let server = TestServer::start(loopback(), None, 64 << 20);
+    let dir = temp_dir("once");
+    let run = Run::start(options(&dir, Some(server.url()), "once")).unwrap();
+    log_steps(&run, 0..5000);
+    run.flush(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(server.total("once", "loss", 0), 5000);
+    assert_eq!(server.total("once", "gnorm", 0), 5000);
+    assert_eq!(run.pending(), 0);
+    assert_eq!(run.attempt(), Some(0));
+    let writer_dir = run.dir().to_path_buf();
+    run.finish(Some(Duration::from_secs(30)), None).unwrap();
+    assert!(!writer_dir.exists(), "a finished run's spool is removed");
+    assert_eq!(
+        server.storage.get_run("once").unwrap().status,
+        relaunch_api::RunStatus::Finished
+    );
+    let err = run.log(None, &[("loss", 1.0)]).unwrap_err();
+    assert!(err.to_string().contains("finished"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_server_that_is_down_gets_everything_when_it_returns() {
+    let addr = free_addr();
+    let dir = temp_dir("down");
+    let run = Run::start(options(&dir, Some(format!("http://{addr}")), "down")).unwrap();
+    log_steps(&run, 0..1000);
+    let started = Instant::now();
+    let err = run.flush(Some(Duration::from_millis(500))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let message = err.to_string();
+    assert!(
+        message.contains("not acknowledged") && message.contains("cannot reach"),
+        "{message}"
+    );
+    // log() keeps working while the server is away.
+    log_steps(&run, 1000..2000);
+    let server = TestServer::start(addr, None, 64 << 20);
+    run.flush(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(server.steps("down", "loss"), (0..2000).collect::<Vec<_>>());
+    run.finish(Some(Duration::from_secs(30)), None).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_next_process_of_a_run_ships_what_a_dead_one_left() {
+    let addr = free_addr();
+    let dir = temp_dir("adopt");
+    // The first process logs while the server is down, then dies.
+    let first = Run::start(options(&dir, Some(format!("http://{addr}")), "adopt")).unwrap();
+    log_steps(&first, 0..700);
+    let first_dir = first.dir().to_path_buf();
+    drop(first);
+    assert!(first_dir.exists());
+    let server = TestServer::start(addr, None, 64 << 20);
+    let second = Run::start(options(&dir, Some(server.url()), "adopt")).unwrap();
+    log_steps(&second, 500..900);
+    second.flush(Some(Duration::from_secs(30))).unwrap();
+    // Both attempts' values are kept; reads show the newer attempt's from step 500.
+    let q = SeriesQuery {
+        key: "loss".into(),
+        rank: Some(0),
+        buckets: 100_000,
+        min_step: None,
+        max_step: None,
+        attempt: None,
+    };
+    let series = server.storage.series("adopt", &q).unwrap();
+    assert_eq!(series.points.len(), 900);
+    let attempts: Vec<u32> = series.points.iter().map(|p| p.attempt).collect();
+    assert!(attempts[..500].iter().all(|&a| a == attempts[0]));
+    assert!(attempts[500..].iter().all(|&a| a != attempts[0]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while first_dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !first_dir.exists(),
+        "the dead writer's spool is removed once shipped"
+    );
+    second.finish(Some(Duration::from_secs(30)), None).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn batches_shrink_to_fit_the_server_limit_and_an_oversized_record_is_reported() {
+    let server = TestServer::start(loopback(), None, 16 * 1024);
+    let dir = temp_dir("limit");
+    let run = Run::start(options(&dir, Some(server.url()), "limit")).unwrap();
+    log_steps(&run, 0..3000);
+    run.flush(Some(Duration::from_secs(30))).unwrap();
+    assert_eq!(server.total("limit", "loss", 0), 3000);
+    run.log_line(0, relaunch_api::Stream::Stdout, &"x".repeat(64 * 1024))
+        .unwrap();
+    let err = run.flush(Some(Duration::from_secs(30))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TooLarge);
+    assert!(err.to_string().contains("--max-request-bytes"), "{err}");
+    assert_eq!(run.pending(), 1, "the record stays spooled");
+    drop(run);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_wrong_token_fails_flush_at_once_and_keeps_the_records() {
+    let server = TestServer::start(loopback(), Some("right"), 64 << 20);
+    let dir = temp_dir("token");
+    let mut opts = options(&dir, Some(server.url()), "token");
+    opts.token = Some("wrong".into());
+    let run = Run::start(opts).unwrap();
+    log_steps(&run, 0..10);
+    let started = Instant::now();
+    let err = run.flush(Some(Duration::from_secs(60))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthorized, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(err.to_string().contains("wrong token"), "{err}");
+    let spool = run.dir().to_path_buf();
+    drop(run);
+    // `relaunch sync` with the right token ships them.
+    let reports = sync(
+        &dir,
+        &SyncOptions {
+            server: None,
+            token: Some("right".into()),
+            timeout: Some(Duration::from_secs(30)),
+        },
+    )
+    .unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        reports[0].outcome,
+        Outcome::Shipped { records: 11 },
+        "10 steps and the start event"
+    );
+    assert!(!spool.exists());
+    assert_eq!(server.total("token", "loss", 0), 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn offline_runs_are_synced_later_and_links_are_not_followed() {
+    let dir = temp_dir("offline");
+    let mut opts = options(&dir, None, "offline");
+    opts.offline = true;
+    let run = Run::start(opts).unwrap();
+    assert!(run.server().is_none());
+    log_steps(&run, 0..250);
+    run.finish(None, None).unwrap();
+    assert!(run.dir().exists(), "offline, the spool is the record");
+    let elsewhere = temp_dir("elsewhere");
+    std::os::unix::fs::symlink(&elsewhere, dir.join("linked")).unwrap();
+    // No server anywhere: a clear failure per spool, nothing removed.
+    let no_server = sync(
+        &dir,
+        &SyncOptions {
+            timeout: Some(Duration::from_secs(1)),
+            ..SyncOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        no_server
+            .iter()
+            .any(|r| matches!(&r.outcome, Outcome::Failed(m) if m.contains("--server"))),
+        "{no_server:?}"
+    );
+    let server = TestServer::start(loopback(), None, 64 << 20);
+    let reports = sync(
+        &dir,
+        &SyncOptions {
+            server: Some(server.url()),
+            token: None,
+            timeout: Some(Duration::from_secs(30)),
+        },
+    )
+    .unwrap();
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert!(
+        matches!(&reports[0].outcome, Outcome::Failed(m) if m.contains("symbolic link")),
+        "{reports:?}"
+    );
+    assert_eq!(reports[1].outcome, Outcome::Shipped { records: 252 });
+    assert_eq!(server.total("offline", "loss", 0), 250);
+    assert_eq!(
+        server.storage.get_run("offline").unwrap().status,
+        relaunch_api::RunStatus::Finished
+    );
+    // A second sync finds nothing left to ship.
+    let again = sync(
+        &dir,
+        &SyncOptions {
+            server: Some(server.url()),
+            token: None,
+            timeout: Some(Duration::from_secs(30)),
+        },
+    )
+    .unwrap();
+    assert!(
+        again
+            .iter()
+            .all(|r| !matches!(r.outcome, Outcome::Shipped { .. })),
+        "{again:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&elsewhere).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_is_written() {
+    let dir = temp_dir("bad");
+    for (mut opts, needle) in [
+        (options(&dir, None, "../escape"), "run id"),
+        (options(&dir, Some("ftp://x".into()), "ok"), "http://"),
+        (
+            RunOptions {
+                project: Some("a/b".into()),
+                ..options(&dir, None, "ok2")
+            },
+            "project",
+        ),
+    ] {
+        opts.offline = opts.server.is_none();
+        let err = Run::start(opts).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let mut opts = options(&dir, None, "keys");
+    opts.offline = true;
+    let run = Run::start(opts).unwrap();
+    let err = run.log(None, &[("bad\nkey", 1.0)]).unwrap_err();
+    assert!(err.to_string().contains("metric key"), "{err}");
+    drop(run);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
