@@ -12,6 +12,7 @@ pub mod run;
 pub mod shipper;
 pub mod spool;
 pub mod sync;
+pub mod system;
 
 pub use error::{ClientError, ErrorKind};
 pub use http::Client;

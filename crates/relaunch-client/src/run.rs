@@ -67,6 +67,34 @@ pub struct Run {
     shipper: Mutex<Option<Shipper>>,
     lifecycle: bool,
     finished: AtomicBool,
+    /// This handle was copied into a child by `fork`; it must not log.
+    disowned: AtomicBool,
+}
+
+/// Where the value count sits in a metrics record body: after kind (1),
+/// step (8), wall (8) and rank (4).
+const COUNT_AT: usize = 21;
+
+/// The values of one metrics record being built.
+#[derive(Debug)]
+pub struct MetricsBody<'a> {
+    body: &'a mut Vec<u8>,
+    count: u16,
+}
+
+impl MetricsBody<'_> {
+    /// Adds `key`'s value; the key must pass `relaunch_api::names::check_key`.
+    pub fn put(&mut self, key: &str, value: f64) -> Result<(), ClientError> {
+        relaunch_api::names::check_key(key).map_err(ClientError::Config)?;
+        if usize::from(self.count) >= MAX_VALUES {
+            return Err(ClientError::Config(format!(
+                "more than {MAX_VALUES} values in one call; log fewer at a time"
+            )));
+        }
+        put_metric_value(self.body, key, value);
+        self.count += 1;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -206,6 +234,7 @@ impl Run {
             shipper: Mutex::new(shipper),
             lifecycle: options.lifecycle_events.unwrap_or(!under_launcher),
             finished: AtomicBool::new(false),
+            disowned: AtomicBool::new(false),
         };
         if run.lifecycle {
             let data = serde_json::json!({
@@ -254,26 +283,34 @@ impl Run {
     /// previous one (0 first); with it, later calls without a step continue
     /// from it. Returns the step used.
     pub fn log(&self, step: Option<i64>, values: &[(&str, f64)]) -> Result<i64, ClientError> {
+        self.log_with(step, |body| {
+            for (key, value) in values {
+                body.put(key, *value)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// [`Run::log`] for callers that produce the values one by one (the
+    /// Python binding walks a dict): `fill` puts each into the record. When
+    /// `fill` fails nothing is logged and the step is not used up.
+    pub fn log_with<E: From<ClientError>>(
+        &self,
+        step: Option<i64>,
+        fill: impl FnOnce(&mut MetricsBody<'_>) -> Result<(), E>,
+    ) -> Result<i64, E> {
         self.check_open()?;
-        if values.len() > MAX_VALUES {
-            return Err(ClientError::Config(format!(
-                "{} values in one call; log at most {MAX_VALUES} at a time",
-                values.len()
-            )));
-        }
-        for (key, _) in values {
-            relaunch_api::names::check_key(key).map_err(ClientError::Config)?;
-        }
         let mut scratch = self.scratch.lock();
         let step = step.unwrap_or(scratch.next_step);
-        scratch.next_step = scratch.next_step.max(step.saturating_add(1));
-        let Scratch { body, .. } = &mut *scratch;
+        let Scratch { body, next_step } = &mut *scratch;
         body.clear();
-        put_metrics_header(body, step, now(), self.rank, values.len() as u16);
-        for (key, value) in values {
-            put_metric_value(body, key, *value);
-        }
-        self.spool.lock().append(body)?;
+        put_metrics_header(body, step, now(), self.rank, 0);
+        let mut values = MetricsBody { body, count: 0 };
+        fill(&mut values)?;
+        let count = values.count;
+        body[COUNT_AT..COUNT_AT + 2].copy_from_slice(&count.to_le_bytes());
+        self.spool.lock().append(body).map_err(ClientError::from)?;
+        *next_step = (*next_step).max(step.saturating_add(1));
         Ok(step)
     }
 
@@ -316,6 +353,7 @@ impl Run {
     /// (offline: once it is on disk). Fails with the reason otherwise; the
     /// records stay in the spool either way.
     pub fn flush(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        self.check_owned()?;
         self.spool.lock().sync()?;
         match self.shipper.lock().as_ref() {
             Some(shipper) => shipper.flush(timeout),
@@ -326,29 +364,42 @@ impl Run {
     /// Records unacknowledged (offline: all of them), this process's and
     /// the dead writers' it took over.
     pub fn pending(&self) -> u64 {
+        if self.disowned.load(Ordering::Relaxed) {
+            return 0;
+        }
         match self.shipper.lock().as_ref() {
             Some(shipper) => shipper.pending(),
             None => self.spool.lock().pending(),
         }
     }
 
-    /// Ends the run: records `finished` (or `failed` with `error`), flushes,
-    /// stops shipping and removes this process's spool once the server has
-    /// all of it. On failure the records stay where the error says.
+    /// Ends logging: records `finished` (or `failed` with `error`) when
+    /// this run records lifecycle events; later `log` calls fail. Only the
+    /// first call counts.
+    pub fn end(&self, error: Option<&str>) -> Result<(), ClientError> {
+        self.check_owned()?;
+        if self.finished.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        if self.lifecycle {
+            match error {
+                Some(text) => self.event("failed", text, &Value::Null)?,
+                None => self.event("finished", "", &Value::Null)?,
+            }
+        }
+        self.finished.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Ends the run ([`Run::end`]), flushes, stops shipping and removes this
+    /// process's spool once the server has all of it. On failure the
+    /// records stay where the error says.
     pub fn finish(
         &self,
         timeout: Option<Duration>,
         error: Option<&str>,
     ) -> Result<(), ClientError> {
-        if !self.finished.load(Ordering::SeqCst) {
-            if self.lifecycle {
-                match error {
-                    Some(text) => self.event("failed", text, &Value::Null)?,
-                    None => self.event("finished", "", &Value::Null)?,
-                }
-            }
-            self.finished.store(true, Ordering::SeqCst);
-        }
+        self.end(error)?;
         self.flush(timeout)?;
         let mut shipper = self.shipper.lock();
         if let Some(mut shipper) = shipper.take() {
@@ -371,7 +422,30 @@ impl Run {
         }
     }
 
+    /// For a child process after `fork`: the handle belongs to the parent.
+    /// Logging fails from now on, and nothing the parent owns is released
+    /// here: the shipper thread does not exist in the child, and unlocking
+    /// the spool's shared flock would unlock it for the parent too.
+    pub fn disown(&self) {
+        self.disowned.store(true, Ordering::SeqCst);
+        if let Some(shipper) = self.shipper.lock().take() {
+            std::mem::forget(shipper);
+        }
+        std::mem::forget(self.spool.clone());
+    }
+
+    fn check_owned(&self) -> Result<(), ClientError> {
+        if self.disowned.load(Ordering::Relaxed) {
+            return Err(ClientError::Config(format!(
+                "run {} was opened by the parent of this forked process; call init() here to log from it",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
     fn check_open(&self) -> Result<(), ClientError> {
+        self.check_owned()?;
         if self.finished.load(Ordering::Relaxed) {
             return Err(ClientError::Config(format!(
                 "run {} is finished; start a new one with init() to log more",
@@ -444,4 +518,51 @@ fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_call_is_one_metrics_record_and_a_failed_one_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("relaunch-run-unit-{}", std::process::id()));
+        let run = Run::start(RunOptions {
+            id: Some("unit".into()),
+            offline: true,
+            dir: Some(dir.clone()),
+            rank: Some(3),
+            lifecycle_events: Some(false),
+            ..RunOptions::default()
+        })
+        .unwrap();
+        assert_eq!(run.log(None, &[("loss", 0.5), ("lr", 1e-3)]).unwrap(), 0);
+        let bad = run.log_with(None, |body| {
+            body.put("fine", 1.0)?;
+            body.put("bad\nkey", 2.0)
+        });
+        assert!(bad.is_err());
+        assert_eq!(
+            run.log(None, &[("loss", 0.25)]).unwrap(),
+            1,
+            "the failed call used no step"
+        );
+        assert_eq!(run.log(Some(10), &[]).unwrap(), 10);
+        let records = run.spool.lock().read_after(0, usize::MAX).unwrap();
+        assert_eq!(records.len(), 3);
+        match Record::decode(&records[0].1).unwrap() {
+            Record::Metrics {
+                step, rank, values, ..
+            } => {
+                assert_eq!((step, rank), (0, 3));
+                assert_eq!(
+                    values,
+                    vec![("loss".to_owned(), 0.5), ("lr".to_owned(), 1e-3)]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(run);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
