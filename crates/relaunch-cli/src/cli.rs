@@ -3,8 +3,10 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use relaunch_api::RunStatus;
 use relaunch_launch::config::{DEFAULT_SIGNALS, NProc, NodeRange, StreamSpec};
 
 use crate::size::parse_size;
@@ -43,6 +45,15 @@ pub enum Command {
     /// The rendezvous store: a key-value server that PyTorch's TCPStore clients use unmodified.
     #[command(subcommand)]
     Store(StoreCommand),
+    /// Runs on a tracking server: list them, or show one.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Print a run's console lines, or follow them while it runs.
+    Logs(LogsArgs),
+    /// Print one metric of a run as CSV or JSON.
+    Metrics(MetricsArgs),
+    /// Ship runs logged offline, or left behind by processes that died, to a tracking server.
+    Sync(SyncArgs),
 }
 
 /// Options of `relaunch server`.
@@ -337,6 +348,242 @@ pub struct RunArgs {
     pub training_script_args: Vec<OsString>,
 }
 
+/// Which tracking server to talk to; shared by every command that reads
+/// from one. The environment variables are read when the flags are absent
+/// (in `tracking::connect`), so that `relaunch sync` can tell a flag from
+/// the environment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct ServerConnection {
+    /// The tracking server, as http://HOST:PORT [env: RELAUNCH_SERVER].
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+
+    /// The server's access token [env: RELAUNCH_SERVER_TOKEN].
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first.
+    Ls(RunsLsArgs),
+    /// Show one run: its settings, the latest value of every metric, and its events.
+    Show(RunsShowArgs),
+}
+
+/// Options of `relaunch runs ls`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct RunsLsArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// Only runs of this project.
+    #[arg(long)]
+    pub project: Option<String>,
+
+    /// Only runs with this tag.
+    #[arg(long)]
+    pub tag: Option<String>,
+
+    /// Only runs in this state.
+    #[arg(long, value_enum)]
+    pub status: Option<StatusArg>,
+
+    /// Only runs whose config has this value at a dotted path, e.g. optim.lr=0.001 (repeatable).
+    #[arg(long, value_name = "PATH=VALUE", value_parser = parse_param)]
+    pub param: Vec<String>,
+
+    /// Most runs to list [default: the server's, 10000].
+    #[arg(long, value_name = "N")]
+    pub limit: Option<u32>,
+
+    /// Output format: a table for people, or the API's JSON array.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: ListFormat,
+}
+
+/// `--status`: a run's state, as the server names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StatusArg {
+    Running,
+    Preempted,
+    Restarting,
+    Failed,
+    Finished,
+}
+
+impl From<StatusArg> for RunStatus {
+    fn from(status: StatusArg) -> Self {
+        match status {
+            StatusArg::Running => RunStatus::Running,
+            StatusArg::Preempted => RunStatus::Preempted,
+            StatusArg::Restarting => RunStatus::Restarting,
+            StatusArg::Failed => RunStatus::Failed,
+            StatusArg::Finished => RunStatus::Finished,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ListFormat {
+    #[default]
+    Table,
+    Json,
+}
+
+/// Options of `relaunch runs show`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct RunsShowArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: ShowFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Options of `relaunch logs`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(
+    after_help = "Lines print as `[rank R] text`, and `[rank R:err] text` for stderr. \
+                  With --follow, Ctrl-C or SIGTERM stops following (exit code 0)."
+)]
+pub struct LogsArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// Only this rank's lines [default: every rank's].
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+
+    /// Keep printing new lines until the run is finished or failed.
+    #[arg(short, long)]
+    pub follow: bool,
+
+    /// Start after the line with this id (ids only grow), e.g. to resume.
+    #[arg(long, default_value_t = 0, value_name = "ID")]
+    pub after: u64,
+}
+
+/// Most points of one series read: the server's limit.
+pub(crate) const MAX_BUCKETS: u32 = 100_000;
+
+/// Options of `relaunch metrics`.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[command(
+    after_help = "CSV columns: step,value,wall,attempt; a downsampled series adds min,max,count \
+                  (value is then each bucket's last)."
+)]
+pub struct MetricsArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// The metric's name, as logged.
+    pub key: String,
+
+    /// The rank whose values to print [default: the lowest rank that logged KEY].
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+
+    /// Only this attempt's values [default: for each step, the newest attempt that logged it].
+    #[arg(long, value_name = "A")]
+    pub attempt: Option<u32>,
+
+    /// Points at most; longer series come back as this many buckets (1 to 100000).
+    #[arg(long, default_value_t = MAX_BUCKETS, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BUCKETS)))]
+    pub buckets: u32,
+
+    /// First step to include.
+    #[arg(long, value_name = "STEP", allow_negative_numbers = true)]
+    pub min_step: Option<i64>,
+
+    /// Last step to include.
+    #[arg(long, value_name = "STEP", allow_negative_numbers = true)]
+    pub max_step: Option<i64>,
+
+    /// Output format: CSV, or the API's series as JSON.
+    #[arg(long, value_enum, default_value = "csv")]
+    pub format: MetricsFormat,
+}
+
+impl Default for MetricsArgs {
+    fn default() -> Self {
+        Self {
+            connection: ServerConnection::default(),
+            run: String::new(),
+            key: String::new(),
+            rank: None,
+            attempt: None,
+            buckets: MAX_BUCKETS,
+            min_step: None,
+            max_step: None,
+            format: MetricsFormat::Csv,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum MetricsFormat {
+    #[default]
+    Csv,
+    Json,
+}
+
+/// Options of `relaunch sync`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(
+    after_help = "Each spool goes to --server when given, else to the server it was logged for, \
+                  else to $RELAUNCH_SERVER. A spool is removed once the server has all of it. \
+                  Exit code 1 when any spool was not shipped."
+)]
+pub struct SyncArgs {
+    /// The client's directory (default ./relaunch-runs), one run's, or one writer's.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// Seconds to wait for the server before giving up [default: as long as it takes].
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub timeout: Option<Duration>,
+}
+
+/// `--param PATH=VALUE`, checked for its shape before anything is sent.
+fn parse_param(text: &str) -> Result<String, String> {
+    match text.split_once('=') {
+        Some((path, _)) if !path.trim().is_empty() => Ok(text.to_owned()),
+        _ => Err(format!(
+            "{text:?} is not PATH=VALUE; name a dotted config path and its value, e.g. optim.lr=0.001"
+        )),
+    }
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("{text:?} is not a number of seconds >= 0, e.g. 30 or 2.5"))
+}
+
 #[derive(Debug, Subcommand)]
 pub enum StoreCommand {
     /// Serve a store until SIGTERM or SIGINT.
@@ -411,6 +658,65 @@ mod tests {
             panic!("parsed as {:?}", cli.command);
         };
         assert_eq!(args, ServeArgs::default());
+
+        let cli = Cli::try_parse_from(["relaunch", "metrics", "r", "k"]).unwrap();
+        let Command::Metrics(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(
+            args,
+            MetricsArgs {
+                run: "r".into(),
+                key: "k".into(),
+                ..MetricsArgs::default()
+            }
+        );
+
+        let cli = Cli::try_parse_from(["relaunch", "runs", "ls"]).unwrap();
+        let Command::Runs(RunsCommand::Ls(args)) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(args, RunsLsArgs::default());
+
+        let cli = Cli::try_parse_from(["relaunch", "logs", "r"]).unwrap();
+        let Command::Logs(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(
+            args,
+            LogsArgs {
+                run: "r".into(),
+                ..LogsArgs::default()
+            }
+        );
+    }
+
+    #[test]
+    fn tracking_arguments_are_checked_while_parsing() {
+        for argv in [
+            &["relaunch", "runs", "ls", "--param", "lr"][..],
+            &["relaunch", "runs", "ls", "--param", "=1"][..],
+            &["relaunch", "metrics", "r", "k", "--buckets", "0"][..],
+            &["relaunch", "metrics", "r", "k", "--buckets", "100001"][..],
+            &["relaunch", "sync", "d", "--timeout", "-1"][..],
+            &["relaunch", "sync", "d", "--timeout", "soon"][..],
+        ] {
+            assert!(Cli::try_parse_from(argv).is_err(), "{argv:?}");
+        }
+        let cli = Cli::try_parse_from([
+            "relaunch",
+            "metrics",
+            "r",
+            "k",
+            "--min-step",
+            "-5",
+            "--max-step=10",
+        ])
+        .unwrap();
+        let Command::Metrics(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!((args.min_step, args.max_step), (Some(-5), Some(10)));
     }
 
     #[test]

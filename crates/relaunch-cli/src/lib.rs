@@ -5,14 +5,19 @@
 mod cli;
 mod commands;
 mod output;
+mod render;
 mod size;
+mod tracking;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use cli::{Cli, Command, DoctorArgs, RunArgs, ServeArgs, ServerArgs, StoreCommand};
+pub use cli::{
+    Cli, Command, DoctorArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs,
+    RunsShowArgs, ServeArgs, ServerArgs, ServerConnection, StoreCommand, SyncArgs,
+};
 
 /// What the caller knows that the command line does not say.
 #[derive(Clone, Debug, Default)]
@@ -67,6 +72,11 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
         Command::Doctor(args) => commands::doctor::run(args, context),
         Command::Server(args) => commands::server::run(args),
         Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args).map(|()| 0),
+        Command::Runs(RunsCommand::Ls(args)) => commands::runs::ls(args),
+        Command::Runs(RunsCommand::Show(args)) => commands::runs::show(args),
+        Command::Logs(args) => commands::logs::run(args),
+        Command::Metrics(args) => commands::metrics::run(args),
+        Command::Sync(args) => commands::sync::run(args),
     }
 }
 

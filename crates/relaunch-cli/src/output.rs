@@ -17,6 +17,22 @@ pub(crate) fn text(report: &str) {
     }
 }
 
+/// Data on stdout for scripts and pipes (tables, CSV, JSON, console
+/// lines), flushed at once. `Ok(false)` when the reader has gone away
+/// (`| head`): the end of the output, not a failure.
+pub(crate) fn data(text: &str) -> anyhow::Result<bool> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(anyhow::Error::from(e).context("cannot write to stdout")),
+    }
+}
+
 /// The final error of a failed command, with its chain of causes; a cause
 /// whose text the message already holds is not repeated.
 pub(crate) fn error(e: &anyhow::Error) {
