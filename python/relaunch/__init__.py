@@ -11,8 +11,14 @@ from relaunch.errors import (
     StoreError,
     StoreRequestError,
     StoreTimeoutError,
+    TrackingConfigError,
+    TrackingConnectionError,
+    TrackingError,
+    TrackingRejectedError,
+    TrackingTimeoutError,
 )
 from relaunch.store import Store
+from relaunch.tracking import Run, init
 
 
 def __getattr__(name: str):
@@ -28,10 +34,17 @@ def __getattr__(name: str):
 __all__ = [
     "QueueEmptyError",
     "RelaunchError",
+    "Run",
     "Store",
     "StoreConnectionError",
     "StoreError",
     "StoreRequestError",
     "StoreTimeoutError",
+    "TrackingConfigError",
+    "TrackingConnectionError",
+    "TrackingError",
+    "TrackingRejectedError",
+    "TrackingTimeoutError",
     "__version__",
+    "init",
 ]

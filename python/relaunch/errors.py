@@ -27,3 +27,23 @@ class StoreRequestError(StoreError, ValueError):
 
 class QueueEmptyError(StoreError):
     """A non-blocking ``queue_pop`` found the queue empty."""
+
+
+class TrackingError(RelaunchError):
+    """Logging to the tracking server failed; what was logged stays in the local spool."""
+
+
+class TrackingTimeoutError(TrackingError, TimeoutError):
+    """``flush`` or ``finish`` ran out of time before the server acknowledged everything."""
+
+
+class TrackingConnectionError(TrackingError, ConnectionError):
+    """The tracking server cannot be reached."""
+
+
+class TrackingRejectedError(TrackingError):
+    """The tracking server refused the records: a wrong token, a size limit, a conflict."""
+
+
+class TrackingConfigError(TrackingError, ValueError):
+    """A bad argument: a run id, project, server URL, metric name, or a finished run."""

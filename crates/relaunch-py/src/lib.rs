@@ -4,6 +4,7 @@
 mod blocking;
 mod errors;
 mod store;
+mod tracking;
 
 use pyo3::prelude::*;
 
@@ -28,6 +29,8 @@ mod _native {
     use super::cli_main;
     #[pymodule_export]
     use super::store::Store;
+    #[pymodule_export]
+    use super::tracking::Run;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

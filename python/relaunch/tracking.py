@@ -1,0 +1,316 @@
+"""Experiment tracking: ``relaunch.init`` opens a run, ``run.log`` records metrics.
+
+Every ``log`` call appends one record to a crash-safe spool on local disk and
+returns (a few microseconds, no network); a background thread ships the
+records to the tracking server, which stores each exactly once. Kill the
+process at any point: what ``log`` returned for is in the spool, and the next
+``relaunch.init`` of the same run (or ``relaunch sync DIR``) ships it.
+
+Under ``relaunch run`` every rank joins the job's run on its own: the run id,
+attempt, rank and server come from the environment the launcher sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import dataclasses
+import enum
+import json
+import math
+import os
+import sys
+import threading
+import traceback
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import PurePath
+from types import TracebackType
+
+from relaunch import _native
+from relaunch.errors import RelaunchError, TrackingConfigError
+
+__all__ = ["Run", "init"]
+
+EXIT_TIMEOUT_ENV = "RELAUNCH_EXIT_TIMEOUT"
+"""Seconds an interpreter exit waits for the server to take what is left (default 30)."""
+
+DEFAULT_EXIT_TIMEOUT = 30.0
+
+_live: weakref.WeakSet[Run] = weakref.WeakSet()
+_hooks_lock = threading.Lock()
+_hooks_installed = False
+_uncaught: str | None = None
+
+
+def init(
+    project: str | None = None,
+    *,
+    name: str | None = None,
+    config: object = None,
+    id: str | None = None,
+    tags: Iterable[str] = (),
+    notes: str | None = None,
+    server: str | None = None,
+    token: str | None = None,
+    dir: str | os.PathLike[str] | None = None,
+    offline: bool = False,
+    rank: int | None = None,
+) -> Run:
+    """Open a run, or resume it when ``id`` names an existing one.
+
+    ``server`` defaults to ``RELAUNCH_SERVER``; with neither (or with
+    ``offline=True``) records stay in the spool under ``dir`` (default
+    ``RELAUNCH_DIR``, else ``./relaunch-runs``) until ``relaunch sync``
+    uploads them. ``id`` defaults to ``RELAUNCH_RUN_ID`` (set by ``relaunch
+    run``, the same across restarts), else a new id. ``config`` is any
+    JSON-like mapping, a dataclass or an ``argparse.Namespace``; ``rank``
+    defaults to ``RANK``. The server is never contacted here: a server that
+    is down does not stop training.
+    """
+    for value, what in ((project, "project"), (name, "name"), (id, "id"), (notes, "notes")):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if isinstance(tags, str):
+        raise TypeError("tags must be a list of str, not one str (wrap it: tags=[...])")
+    tag_list = list(tags)
+    for tag in tag_list:
+        if not isinstance(tag, str):
+            raise TypeError(f"each tag must be a str, not {type(tag).__name__}: {tag!r}")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise TypeError(f"rank must be an int >= 0, not {rank!r}")
+    native = _native.Run(
+        project=project,
+        id=id,
+        name=name,
+        config_json=_config_json(config),
+        tags=tag_list,
+        notes=notes,
+        server=server,
+        token=token,
+        offline=bool(offline),
+        dir=os.fspath(dir) if dir is not None else None,
+        rank=rank,
+    )
+    run = Run(native)
+    _install_hooks()
+    _live.add(run)
+    return run
+
+
+class Run:
+    """An open run of this process. Create it with :func:`relaunch.init`.
+
+    Usable as a context manager: leaving the block finishes the run, as
+    failed when an exception left it.
+    """
+
+    __slots__ = ("__weakref__", "_log", "_native", "_state")
+
+    def __init__(self, native: _native.Run) -> None:
+        self._native = native
+        self._log = native.log
+        # "open", "finished", or "disowned" (a forked child's copy).
+        self._state = "open"
+
+    @property
+    def id(self) -> str:
+        """The run's id: pass it as ``id=`` to resume the run later."""
+        return self._native.id
+
+    @property
+    def rank(self) -> int:
+        return self._native.rank
+
+    @property
+    def dir(self) -> str:
+        """This process's spool directory."""
+        return self._native.dir
+
+    @property
+    def server(self) -> str | None:
+        """Where records are shipped; ``None`` when offline."""
+        return self._native.server
+
+    @property
+    def attempt(self) -> int | None:
+        """The attempt number the server gave this attempt, once it answered."""
+        return self._native.attempt
+
+    @property
+    def pending(self) -> int:
+        """Records not yet acknowledged by the server."""
+        return self._native.pending
+
+    def log(self, values: Mapping[str, object], step: int | None = None) -> int:
+        """Record ``values`` (names to numbers; nested dicts become ``outer/inner``).
+
+        Without ``step``, the step after the previous call's (0 first); with
+        it, later calls continue from it. Values are Python numbers, numpy
+        scalars or one-element tensors. Returns the step used. Never waits
+        for the network.
+        """
+        try:
+            return self._log(values, step)
+        except TypeError:
+            if isinstance(values, Mapping) and not isinstance(values, dict):
+                return self._log(dict(values), step)
+            if not isinstance(values, Mapping):
+                raise TypeError(
+                    f"log() takes a dict of names to numbers, not {type(values).__name__}"
+                ) from None
+            raise
+
+    def event(self, kind: str, text: str = "", data: Mapping[str, object] | None = None) -> None:
+        """Record an event of the run (``text`` says what happened, ``data`` adds detail)."""
+        self._native.event(kind, text, None if data is None else json.dumps(_plain(data, "data")))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Return once the server has acknowledged everything logged so far.
+
+        Raises :class:`~relaunch.TrackingTimeoutError` after ``timeout``
+        seconds, or a :class:`~relaunch.TrackingError` at once when the
+        server refuses the records (a wrong token, a size limit); nothing is
+        lost either way. Offline, returns once the records are on disk.
+        """
+        self._native.flush(_timeout(timeout))
+
+    def finish(self, timeout: float | None = None, *, error: str | None = None) -> None:
+        """End the run: record it finished (or failed with ``error``) and flush.
+
+        Raises like :meth:`flush`; the records then stay in the spool and the
+        next ``init`` of this run or ``relaunch sync`` ships them.
+        """
+        self._native.finish(_timeout(timeout), error)
+        self._state = "finished"
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        error = None
+        if kind is not None:
+            error = "".join(traceback.format_exception(kind, value, tb))[-8000:]
+        self.finish(error=error)
+
+    def __repr__(self) -> str:
+        where = self.server or f"offline in {self.dir}"
+        return f"<relaunch.Run {self.id} rank {self.rank} -> {where}>"
+
+
+def _timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be seconds (int or float), not {type(timeout).__name__}")
+    if not math.isfinite(timeout) or timeout < 0:
+        raise TrackingConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _config_json(config: object) -> str | None:
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        config = dataclasses.asdict(config)
+    elif isinstance(config, argparse.Namespace):
+        config = vars(config)
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"config must be a mapping, a dataclass or an argparse.Namespace, not {type(config).__name__}"
+        )
+    return json.dumps(_plain(config, "config"))
+
+
+def _plain(value: object, path: str, depth: int = 0) -> object:
+    """``value`` as plain JSON data; what JSON cannot hold becomes its ``str``."""
+    if depth > 64:
+        raise ValueError(f"{path} is nested deeper than 64 levels; is a container inside itself?")
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{path}.{k}", depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_plain(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value), path, depth + 1)
+    if isinstance(value, enum.Enum):
+        return _plain(value.value, path, depth + 1)
+    if isinstance(value, PurePath):
+        return str(value)
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        try:
+            return _plain(item(), path, depth + 1)
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):  # type: ignore[no-untyped-def]
+        global _uncaught
+        _uncaught = "".join(traceback.format_exception(kind, value, tb))[-8000:]
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _after_fork() -> None:
+    for run in list(_live):
+        if run._state == "open":
+            run._native._disown()
+            run._state = "disowned"
+
+
+def _exit_timeout() -> float:
+    text = os.environ.get(EXIT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_EXIT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds < 0:
+        print(
+            f"relaunch: {EXIT_TIMEOUT_ENV}={text!r} is not seconds >= 0; using {DEFAULT_EXIT_TIMEOUT:g}",
+            file=sys.stderr,
+        )
+        return DEFAULT_EXIT_TIMEOUT
+    return seconds
+
+
+def _at_exit() -> None:
+    """Finish runs the script left open; leave what cannot be shipped in the spool, loudly."""
+    runs = [run for run in list(_live) if run._state == "open"]
+    if not runs:
+        return
+    timeout = _exit_timeout()
+    for run in runs:
+        try:
+            run._native.finish(timeout, _uncaught)
+            run._state = "finished"
+        except (RelaunchError, KeyboardInterrupt) as e:
+            print(
+                f"relaunch: run {run.id}: {e}\n"
+                f"relaunch: what was not shipped is kept in {run.dir}; the next init of run "
+                f"{run.id} ships it, or run `relaunch sync {os.path.dirname(os.path.dirname(run.dir))}`",
+                file=sys.stderr,
+            )
+            run._native.close()
