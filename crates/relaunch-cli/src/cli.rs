@@ -336,6 +336,47 @@ pub struct RunArgs {
     #[arg(long = "run-path", visible_alias = "run_path", hide = true)]
     pub run_path: bool,
 
+    /// Log the job to this tracking server (http://HOST:PORT): status, attempts, root causes,
+    /// console lines, system metrics; every rank's relaunch.init() joins the run.
+    #[arg(
+        long,
+        env = "RELAUNCH_SERVER",
+        value_name = "URL",
+        help_heading = "Tracking"
+    )]
+    pub server: Option<String>,
+
+    /// The tracking server's token [env: RELAUNCH_SERVER_TOKEN].
+    #[arg(long, value_name = "TOKEN", help_heading = "Tracking")]
+    pub token: Option<String>,
+
+    /// The run's project on the tracking server [default: the first a rank names, else "default"].
+    #[arg(
+        long,
+        env = "RELAUNCH_PROJECT",
+        value_name = "NAME",
+        help_heading = "Tracking"
+    )]
+    pub project: Option<String>,
+
+    /// Where records wait until the server has them (spools) [default: ./relaunch-runs].
+    #[arg(
+        long = "tracking-dir",
+        env = "RELAUNCH_DIR",
+        value_name = "DIR",
+        help_heading = "Tracking"
+    )]
+    pub tracking_dir: Option<PathBuf>,
+
+    /// Seconds between samples of this node's CPU, memory, disk, network and GPUs; 0 turns them off.
+    #[arg(
+        long = "system-metrics-interval",
+        default_value_t = 10.0,
+        value_name = "SECONDS",
+        help_heading = "Tracking"
+    )]
+    pub system_metrics_interval: f64,
+
     /// The training script (or module, or program), then its own arguments.
     #[arg(value_name = "TRAINING_SCRIPT", required = true)]
     pub training_script: OsString,

@@ -17,6 +17,7 @@ use crate::keys;
 use crate::logs::LogLayout;
 use crate::report::{self, Failure};
 use crate::signals::Signals;
+use crate::tracking::{EndKind, Tracker};
 use crate::worker::ExitKind;
 use crate::{Outcome, orphans};
 
@@ -57,6 +58,16 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     warn_about_host(&config, &out);
     let store = JobStore::open(&config).await?;
     let mut coordinator = Coordinator::new(&config, &store, &hostname).await?;
+    let mut tracker = match &config.tracking {
+        Some(tracking) => {
+            out.notice(format!(
+                "relaunch: logging run {} to {}",
+                config.run_id, tracking.server
+            ));
+            Some(Tracker::open(tracking.clone(), &config.run_id, &store, &hostname).await?)
+        }
+        None => None,
+    };
     out.notice(format!(
         "relaunch: run {}: {} worker(s) on this node, {} node(s), store {}:{}, logs in {}",
         config.run_id,
@@ -78,8 +89,30 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
         &layout,
         &out,
         &hostname,
+        &mut tracker,
     )
     .await;
+    if let Some(tracker) = tracker {
+        let (kind, text) = match &outcome {
+            Ok(Outcome::Succeeded) => (EndKind::Finished, "every worker finished".to_owned()),
+            Ok(Outcome::Failed { restarts, .. }) => (
+                EndKind::Failed,
+                format!("workers failed with no restart left ({restarts} allowed)"),
+            ),
+            Ok(Outcome::Stopped { signal, clean }) => (
+                EndKind::Preempted,
+                if *clean {
+                    format!("stopped by {signal}; every worker exited cleanly")
+                } else {
+                    format!("stopped by {signal}; not every worker exited cleanly")
+                },
+            ),
+            Err(e) => (EndKind::Failed, format!("the launcher failed: {e}")),
+        };
+        if let Some(notice) = tracker.end(kind, text).await {
+            out.notice(notice);
+        }
+    }
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -147,6 +180,7 @@ async fn run_attempts(
     layout: &LogLayout,
     out: &ConsoleSender,
     hostname: &str,
+    tracker: &mut Option<Tracker>,
 ) -> Result<Outcome, LaunchError> {
     let failed = || Outcome::Failed {
         restarts: config.max_restarts,
@@ -176,6 +210,16 @@ async fn run_attempts(
                 place.world_size
             ));
         }
+        let attempt_id = attempt.id(number);
+        if let Some(tracker) = tracker.as_mut() {
+            tracker.begin_attempt(
+                attempt_id,
+                place,
+                attempt.restarts,
+                config.nproc_per_node,
+                out,
+            );
+        }
         let attempt_env = AttemptEnv {
             role: config.role.clone(),
             master_addr: store.addr.clone(),
@@ -184,9 +228,22 @@ async fn run_attempts(
             max_restarts: config.max_restarts,
             run_id: config.run_id.clone(),
             signals: signal_names(&config.signals),
+            extra: tracker
+                .as_ref()
+                .map(|t| t.worker_env(attempt_id))
+                .unwrap_or_default(),
         };
-        let mut group =
-            WorkerGroup::start(config, &attempt_env, place, layout, number, out, hostname)?;
+        let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
+        let mut group = WorkerGroup::start(
+            config,
+            &attempt_env,
+            place,
+            layout,
+            number,
+            out,
+            hostname,
+            &tap,
+        )?;
         let end = {
             let remote = coordinator.remote(config, store, &attempt, number).await?;
             supervise(config, store, &mut group, signals, remote, out).await
@@ -214,30 +271,49 @@ async fn run_attempts(
             }
             AttemptEnd::Failed { failures, remote } => (failures, remote),
         };
-        match remote {
+        let why = match remote {
             Some(event) => {
                 out.notice(format!("relaunch: {}", event.what));
                 if !event.failure {
                     // Members changed: restart at once, not counted.
+                    if let Some(tracker) = tracker.as_mut() {
+                        tracker.restarting(
+                            &event.what,
+                            attempt.restarts,
+                            config.max_restarts,
+                            Duration::ZERO,
+                        );
+                    }
                     continue;
                 }
+                event.what
             }
             None => {
-                out.notice(report::render(
-                    &failures,
-                    hostname,
-                    attempt.restarts,
-                    config.max_restarts,
-                ));
+                let text =
+                    report::render(&failures, hostname, attempt.restarts, config.max_restarts);
+                out.notice(text.clone());
+                if let Some(tracker) = tracker.as_mut() {
+                    tracker
+                        .worker_failed(&text, failure_data(&failures, place.node_rank, hostname));
+                }
                 let what = format!(
                     "node {} ({hostname}) had a worker fail in attempt {this}",
                     place.node_rank
                 );
                 coordinator
-                    .report_failure(config, store, &attempt, this, what)
+                    .report_failure(config, store, &attempt, this, what.clone())
                     .await;
+                match report::root_cause(&failures) {
+                    Some(root) => format!(
+                        "rank {} on node {} ({hostname}) failed in attempt {attempt_id}: {}",
+                        root.global_rank,
+                        place.node_rank,
+                        root.exit.describe()
+                    ),
+                    None => what,
+                }
             }
-        }
+        };
         if !coordinator.counts_restarts_globally() {
             restarts += 1;
         }
@@ -245,6 +321,9 @@ async fn run_attempts(
             return Ok(failed());
         }
         let pause = backoff(attempt.restarts);
+        if let Some(tracker) = tracker.as_mut() {
+            tracker.restarting(&why, attempt.restarts + 1, config.max_restarts, pause);
+        }
         out.notice(format!(
             "relaunch: restarting all workers in {:.0?} (restart {} of {})",
             pause,
@@ -322,6 +401,23 @@ async fn supervise(
                 out.notice(format!("relaunch: {signal}: passed to every worker"));
             }
         }
+    }
+}
+
+/// The root cause of a failure as event data: who failed, and how.
+fn failure_data(failures: &[Failure], node_rank: usize, hostname: &str) -> serde_json::Value {
+    match report::root_cause(failures) {
+        Some(root) => serde_json::json!({
+            "rank": root.global_rank,
+            "local_rank": root.local_rank,
+            "node_rank": node_rank,
+            "host": hostname,
+            "pid": root.pid,
+            "exit": root.exit.describe(),
+            "error": root.error.as_ref().map(|e| e.message.clone()),
+            "stderr_log": root.stderr_log.display().to_string(),
+        }),
+        None => serde_json::json!({ "node_rank": node_rank, "host": hostname }),
     }
 }
 

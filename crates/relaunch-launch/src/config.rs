@@ -352,6 +352,8 @@ pub struct LaunchConfig {
     pub log_line_prefix_template: String,
     pub signals: Vec<Signal>,
     pub entrypoint: Entrypoint,
+    /// `--server`: the job is logged as a run of this tracking server.
+    pub tracking: Option<crate::tracking::TrackingConfig>,
 }
 
 /// torchrun's default console prefix: `[default0]:`.

@@ -26,6 +26,16 @@ pub(crate) struct Attempt {
     membership: Option<Membership>,
 }
 
+impl Attempt {
+    /// The attempt's number as every node names it: the rendezvous round
+    /// when elastic (rounds only grow, whatever nodes join late), else
+    /// `number`, which nodes of a static job count in lockstep.
+    pub(crate) fn id(&self, number: u32) -> u32 {
+        self.membership
+            .map_or(number, |m| u32::try_from(m.round).unwrap_or(u32::MAX))
+    }
+}
+
 /// A reason, from elsewhere, to end the running attempt.
 pub(crate) type Remote<'a> = Pin<Box<dyn Future<Output = RemoteEvent> + 'a>>;
 

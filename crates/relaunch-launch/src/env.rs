@@ -72,6 +72,8 @@ pub struct AttemptEnv {
     pub max_restarts: u32,
     pub run_id: String,
     pub signals: String,
+    /// More variables for every worker (the tracking server's, with `--server`).
+    pub extra: Vec<(&'static str, String)>,
 }
 
 /// The variables one worker gets on top of the launcher's own environment.
@@ -121,6 +123,7 @@ pub fn worker_env(
         None if place.local_world_size > 1 => env.push((OMP_NUM_THREADS, "1".into())),
         None => {}
     }
+    env.extend(attempt.extra.iter().cloned());
     env
 }
 
@@ -137,6 +140,7 @@ mod tests {
             max_restarts: 3,
             run_id: "job".into(),
             signals: "SIGTERM,SIGINT".into(),
+            extra: Vec::new(),
         }
     }
 
@@ -180,6 +184,15 @@ mod tests {
             get(&env, RELAUNCH_STORE).as_deref(),
             Some("localhost:29400")
         );
+    }
+
+    #[test]
+    fn extra_variables_are_added() {
+        let mut attempt = attempt();
+        attempt.extra = vec![("RELAUNCH_SERVER", "http://s:1".into())];
+        let env = worker_env(&attempt, place(1), Path::new("e"), Path::new("l"), |_| None);
+        assert_eq!(get(&env, "RELAUNCH_SERVER").as_deref(), Some("http://s:1"));
+        assert_eq!(get(&env, RANK).as_deref(), Some("3"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::env::{AttemptEnv, WorkerPlace, worker_env};
 use crate::error::LaunchError;
 use crate::logs::{LogLayout, StreamSink, Tail, pump};
 use crate::report::{ErrorFile, Failure};
+use crate::tracking::LineTap;
 use crate::worker::{self, ExitKind};
 
 /// A worker's end, as the group reports it.
@@ -66,7 +67,9 @@ pub struct Placement {
 impl WorkerGroup {
     /// Starts one worker per local rank. On a failure to start any of
     /// them, the ones already started are killed.
-    /// `number` counts this node's attempts and names their log directories.
+    /// `number` counts this node's attempts and names their log directories;
+    /// `tap` gives, by global rank, where else a worker's lines go.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         config: &LaunchConfig,
         attempt: &AttemptEnv,
@@ -75,6 +78,7 @@ impl WorkerGroup {
         number: u32,
         console: &ConsoleSender,
         hostname: &str,
+        tap: &dyn Fn(usize) -> Option<LineTap>,
     ) -> Result<Self, LaunchError> {
         let (exit_tx, exits) = mpsc::unbounded_channel();
         let mut group = Self {
@@ -92,7 +96,10 @@ impl WorkerGroup {
                 nodes: placement.nodes,
             };
             let started = layout.rank_dir(number, local_rank).and_then(|dir| {
-                group.start_one(config, attempt, place, &dir, console, hostname, &exit_tx)
+                let tap = tap(place.global_rank);
+                group.start_one(
+                    config, attempt, place, &dir, console, hostname, tap, &exit_tx,
+                )
             });
             if let Err(e) = started {
                 group.kill_all();
@@ -111,6 +118,7 @@ impl WorkerGroup {
         dir: &Path,
         console: &ConsoleSender,
         hostname: &str,
+        tap: Option<LineTap>,
         exit_tx: &mpsc::UnboundedSender<Exit>,
     ) -> Result<(), LaunchError> {
         let error_file = dir.join("error.json");
@@ -152,6 +160,7 @@ impl WorkerGroup {
                 stream,
                 console: to_console.then(|| (console.clone(), prefix.clone())),
                 tail: tail.clone(),
+                tap: tap.clone(),
             };
             match stream {
                 Stream::Stdout => {

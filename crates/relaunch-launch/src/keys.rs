@@ -23,6 +23,13 @@ pub fn done(run_id: &str, attempt: u64) -> String {
     format!("relaunch/{run_id}/attempt/{attempt}/done")
 }
 
+/// The launch's id, agreed once per launch by COMPARE_SET (the first
+/// node's proposal wins); it starts the attempt tokens of the tracking run,
+/// so every node of an attempt names it the same way.
+pub fn launch(run_id: &str) -> String {
+    format!("relaunch/{run_id}/launch")
+}
+
 /// Whether `key` belongs to the launchers (and survives between attempts).
 pub fn is_launcher_key(key: &[u8]) -> bool {
     let Some(rest) = key.strip_prefix(b"relaunch/") else {

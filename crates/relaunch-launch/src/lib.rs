@@ -23,6 +23,7 @@ mod orphans;
 pub mod rendezvous;
 pub mod report;
 mod signals;
+pub mod tracking;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ use nix::sys::signal::Signal;
 pub use agent::launch;
 pub use config::LaunchConfig;
 pub use error::LaunchError;
+pub use tracking::TrackingConfig;
 
 /// Exit code when a signal stopped the job and every worker exited cleanly:
 /// the job was preempted and should be requeued (EX_TEMPFAIL).

@@ -97,6 +97,8 @@ pub struct StreamSink {
     /// `None` when the stream is redirected to its file only.
     pub console: Option<(ConsoleSender, Arc<str>)>,
     pub tail: Tail,
+    /// The tracking server's copy of the stream's lines, with `--server`.
+    pub tap: Option<crate::tracking::LineTap>,
 }
 
 /// Reads `source` until it closes, writing whole lines to the sink's file,
@@ -116,6 +118,7 @@ pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
     let mut splitter = LineSplitter::new();
     let mut pieces = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
+    let mut tap_warned = false;
     loop {
         let n = match source.read(&mut buf).await {
             Ok(0) | Err(_) => 0,
@@ -126,7 +129,7 @@ pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
         } else {
             splitter.push(&buf[..n], &mut pieces);
         }
-        deliver(&sink, &mut file, pieces.drain(..));
+        deliver(&sink, &mut file, &mut tap_warned, pieces.drain(..));
         if let Some(f) = file.as_mut()
             && let Err(e) = f.flush()
         {
@@ -142,10 +145,14 @@ pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
 fn deliver(
     sink: &StreamSink,
     file: &mut Option<BufWriter<std::fs::File>>,
+    tap_warned: &mut bool,
     pieces: impl Iterator<Item = Piece>,
 ) {
     for piece in pieces {
         if let Piece::Line(line) = &piece {
+            if let Some(tap) = &sink.tap {
+                tap.line(sink.stream, line, tap_warned);
+            }
             if let Some(f) = file.as_mut()
                 && f.write_all(line).and_then(|()| f.write_all(b"\n")).is_err()
             {

@@ -6,10 +6,13 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use relaunch_launch::LaunchError;
+use relaunch_client::http::{TOKEN_ENV, normalize_server};
+use relaunch_client::local::DEFAULT_DIR;
 use relaunch_launch::config::{
     DEFAULT_PREFIX_TEMPLATE, Entrypoint, LaunchConfig, RendezvousConfig, parse_signals,
 };
+use relaunch_launch::tracking::{DEFAULT_EXIT_TIMEOUT, EXIT_TIMEOUT_ENV};
+use relaunch_launch::{LaunchError, TrackingConfig};
 
 use crate::Context;
 use crate::cli::{RdzvBackend, RunArgs};
@@ -67,6 +70,7 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
     let single_node = args.nnodes.max == 1;
     // Every node must agree without talking first: torchrun's "none" on
     // several nodes, a fresh id on one.
+    let explicit = explicit_id.is_some();
     let run_id = explicit_id.unwrap_or_else(|| {
         if single_node {
             new_run_id()
@@ -167,6 +171,7 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
             Err(_) => DEFAULT_SHUTDOWN_TIMEOUT,
         },
     };
+    let tracking = tracking(args, &run_id, explicit)?;
     let config = LaunchConfig {
         nproc_per_node,
         nnodes: args.nnodes,
@@ -192,6 +197,7 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
         signals: parse_signals(&args.signals_to_handle)
             .map_err(|e| format!("--signals-to-handle: {e}"))?,
         entrypoint,
+        tracking,
     };
     config.validate().map_err(|e| e.to_string())?;
     if let Some(addr) = &args.local_addr {
@@ -238,6 +244,59 @@ fn default_python() -> OsString {
         "python"
     }
     .into()
+}
+
+/// `--server` and its companions; `None` without a server.
+fn tracking(
+    args: &RunArgs,
+    run_id: &str,
+    explicit_id: bool,
+) -> Result<Option<TrackingConfig>, String> {
+    let Some(server) = args.server.as_deref().filter(|s| !s.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let server = normalize_server(server).map_err(|e| format!("--server: {e}"))?;
+    if args.nnodes.max > 1 && !explicit_id {
+        return Err(format!(
+            "--server with several nodes needs --run-id (the same on every node): without it every \
+             job is run {run_id:?} and they would all log to one run"
+        ));
+    }
+    if let Some(project) = &args.project {
+        relaunch_api::names::check_name("project", project)
+            .map_err(|e| format!("--project: {e}"))?;
+    }
+    let token = args
+        .token
+        .clone()
+        .or_else(|| std::env::var(TOKEN_ENV).ok())
+        .filter(|t| !t.trim().is_empty());
+    let dir = args
+        .tracking_dir
+        .clone()
+        .unwrap_or_else(|| DEFAULT_DIR.into());
+    // Workers may change directory; they get it absolute.
+    let dir =
+        std::path::absolute(&dir).map_err(|e| format!("--tracking-dir {}: {e}", dir.display()))?;
+    let exit_timeout = match std::env::var(EXIT_TIMEOUT_ENV) {
+        Ok(text) if !text.trim().is_empty() => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or_else(|| {
+                format!("{EXIT_TIMEOUT_ENV}={text:?} is not a number of seconds >= 0")
+            })?,
+        _ => DEFAULT_EXIT_TIMEOUT,
+    };
+    Ok(Some(TrackingConfig {
+        server,
+        token,
+        project: args.project.clone().filter(|p| !p.is_empty()),
+        dir,
+        system_interval: seconds("--system-metrics-interval", args.system_metrics_interval)?,
+        exit_timeout,
+    }))
 }
 
 fn seconds(flag: &str, value: f64) -> Result<Duration, String> {
