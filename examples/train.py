@@ -9,6 +9,10 @@ every few steps (rank 0 writes, atomically), resumes from the newest one
 after a restart, and stops cleanly when asked to (``relaunch.preemption``):
 every rank agrees on one stop step, rank 0 saves it, all exit 0.
 
+Under ``relaunch run --server URL`` every rank logs its loss to the job's
+run on the tracking server (``relaunch.init()`` finds the run, the attempt
+and the server in the environment the launcher sets).
+
 Options for demonstrations and tests:
     --fail-at RANK:STEP   that rank crashes at that step, on the first attempt only
     --step-time SECONDS   make each step last at least this long
@@ -31,6 +35,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import relaunch
 from relaunch import preemption
 
 
@@ -65,6 +70,8 @@ def main() -> None:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Tracked only when the launcher was given a server.
+    run = relaunch.init(config=vars(a)) if os.environ.get("RELAUNCH_SERVER") else None
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     torch.manual_seed(0)
@@ -90,6 +97,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if run is not None:
+            run.log({"loss": loss.item(), "lr": opt.param_groups[0]["lr"]}, step=step)
         if rank == fail_rank and step == fail_step and attempt == 0:
             raise RuntimeError(f"injected failure at step {step}")
         if rank == 0 and a.progress:
@@ -125,6 +134,12 @@ def main() -> None:
         Path(f"{a.out}.{rank}").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()
+    if run is not None:
+        try:
+            run.finish(timeout=30)
+        except relaunch.TrackingError as e:
+            # Kept in the spool: the next launch of this run ships it.
+            print(f"rank {rank}: tracking server: {e}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
