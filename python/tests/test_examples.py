@@ -7,7 +7,7 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_the_demo_launches_preempts_and_resumes(tmp_path):
+def test_the_demo_launches_logs_preempts_and_resumes(tmp_path):
     out = subprocess.run(
         [sys.executable, EXAMPLES / "demo.py", "--nproc", "2", "--steps", "120", "--dir", tmp_path],
         capture_output=True,
@@ -15,7 +15,9 @@ def test_the_demo_launches_preempts_and_resumes(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "demo OK: 2 workers trained to step 119, preempted at step" in out.stdout
+    assert "demo OK: 2 workers trained to step 119, preempted and resumed" in out.stdout
+    assert "status:   finished" in out.stdout  # `relaunch runs show` of the run
+    assert "preempted  stopped by SIGTERM" in out.stdout
 
 
 def test_the_allreduce_example_runs_through_relaunch_store():
