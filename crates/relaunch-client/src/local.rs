@@ -126,7 +126,10 @@ pub fn find_writers(root: &Path) -> Result<Vec<Found>, ClientError> {
 
 fn walk(dir: &Path, depth: usize, found: &mut Vec<Found>) -> Result<(), ClientError> {
     if dir.join(WRITER_FILE).is_file() {
-        found.push(Found::Writer(dir.to_path_buf()));
+        found.push(match link_inside(dir)? {
+            Some(link) => Found::Symlink(link),
+            None => Found::Writer(dir.to_path_buf()),
+        });
         return Ok(());
     }
     // DIR/RUN/WRITER: nothing deeper is ours.
@@ -148,6 +151,28 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<Found>) -> Result<(), ClientEr
         }
     }
     Ok(())
+}
+
+/// The first symbolic link among a writer directory's files, if any. A
+/// spool never holds one, and opening and acknowledging it would read and
+/// write wherever such a link points.
+pub fn link_inside(writer_dir: &Path) -> Result<Option<PathBuf>, ClientError> {
+    let mut entries = fs::read_dir(writer_dir)
+        .map_err(ClientError::io("list", writer_dir))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(ClientError::io("list", writer_dir))?;
+    entries.sort_by_key(fs::DirEntry::file_name);
+    for entry in entries {
+        let path = entry.path();
+        if entry
+            .file_type()
+            .map_err(ClientError::io("read", &path))?
+            .is_symlink()
+        {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 /// Removes a writer's directory once everything in it is on the server,
@@ -205,6 +230,22 @@ mod tests {
         assert_eq!(find_writers(&a).unwrap().len(), 1);
         fs::remove_dir_all(&root).unwrap();
         fs::remove_dir_all(&outside).unwrap();
+    }
+
+    #[test]
+    fn a_spool_holding_a_symlink_is_reported_not_opened() {
+        let root = std::env::temp_dir().join(format!("relaunch-local-link-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let w = create_writer(&root, &info("r", "w")).unwrap();
+        let victim = root.join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, w.join("acked.tmp")).unwrap();
+        let found = find_writers(&root).unwrap();
+        assert!(
+            matches!(&found[..], [Found::Symlink(p)] if p.ends_with("acked.tmp")),
+            "{found:?}"
+        );
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct Run {
     spool: Arc<Mutex<Spool>>,
     scratch: Mutex<Scratch>,
     shipper: Mutex<Option<Shipper>>,
+    /// The attempt number the shipper learned, kept once it has stopped.
+    stopped_attempt: Mutex<Option<u32>>,
     lifecycle: bool,
     finished: AtomicBool,
     /// This handle was copied into a child by `fork`; it must not log.
@@ -232,6 +234,7 @@ impl Run {
             spool,
             scratch: Mutex::new(Scratch::default()),
             shipper: Mutex::new(shipper),
+            stopped_attempt: Mutex::new(None),
             lifecycle: options.lifecycle_events.unwrap_or(!under_launcher),
             finished: AtomicBool::new(false),
             disowned: AtomicBool::new(false),
@@ -272,11 +275,18 @@ impl Run {
     /// The attempt number the server gave this process's attempt, once the
     /// run was opened there.
     pub fn attempt(&self) -> Option<u32> {
-        self.shipper
-            .lock()
-            .as_ref()
-            .and_then(Shipper::run_info)
-            .and_then(|r| r.attempt)
+        match self.shipper.lock().as_ref() {
+            Some(shipper) => shipper.run_info().and_then(|r| r.attempt),
+            None => *self.stopped_attempt.lock(),
+        }
+    }
+
+    /// Stops `shipper`, keeping the attempt number it learned for [`Run::attempt`].
+    fn stop_shipper(&self, mut shipper: Shipper) {
+        if let Some(attempt) = shipper.run_info().and_then(|r| r.attempt) {
+            *self.stopped_attempt.lock() = Some(attempt);
+        }
+        shipper.stop();
     }
 
     /// Logs the values of one step. Without `step`, the step after the
@@ -402,8 +412,8 @@ impl Run {
         self.end(error)?;
         self.flush(timeout)?;
         let mut shipper = self.shipper.lock();
-        if let Some(mut shipper) = shipper.take() {
-            shipper.stop();
+        if let Some(shipper) = shipper.take() {
+            self.stop_shipper(shipper);
             // Everything is acknowledged; the spool has done its job.
             self.spool.lock().close()?;
             local::remove_writer(&self.writer_dir)?;
@@ -414,11 +424,21 @@ impl Run {
         Ok(())
     }
 
-    /// Stops the shipper without waiting; what is not on the server stays
-    /// spooled for the next `init` of the run or `relaunch sync`.
+    /// Stops the shipper without waiting and lets go of the spool: what is
+    /// not on the server stays there for the next `init` of the run or
+    /// `relaunch sync`, which may take it at once, while this handle lives
+    /// on. Logging fails afterwards.
     pub fn close(&self) {
-        if let Some(mut shipper) = self.shipper.lock().take() {
-            shipper.stop();
+        if self.disowned.load(Ordering::SeqCst) {
+            // The parent's spool and lock: not ours to release.
+            return;
+        }
+        let shipper = self.shipper.lock().take();
+        if let Some(shipper) = shipper {
+            self.stop_shipper(shipper);
+        }
+        if let Err(e) = self.spool.lock().close() {
+            tracing::warn!(dir = %self.writer_dir.display(), error = %e, "cannot close the spool");
         }
     }
 
@@ -477,6 +497,17 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         if !is_dir || entry.file_name() == own {
             continue;
+        }
+        match local::link_inside(&path) {
+            Ok(None) => {}
+            Ok(Some(link)) => {
+                tracing::warn!(link = %link.display(), "skipping a spool that holds a symbolic link");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a spool that cannot be read");
+                continue;
+            }
         }
         let info = match local::read_writer(&path) {
             Ok(info) if info.run_id() == id => info,

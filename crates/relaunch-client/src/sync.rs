@@ -61,7 +61,7 @@ pub fn sync(root: &Path, options: &SyncOptions) -> Result<Vec<Report>, ClientErr
                     run: None,
                     writer: None,
                     outcome: Outcome::Failed(
-                        "a symbolic link: sync does not follow links; give the directory it points to".into(),
+                        "a symbolic link: sync does not follow links; sync what it points to directly, or remove it".into(),
                     ),
                 });
                 continue;

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use http_body_util::BodyExt as _;
@@ -28,6 +29,29 @@ fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The `{id}` of a run's path, checked like every name. A path that does
+/// not decode (bad percent-encoding, not UTF-8) gets the API's JSON error
+/// like any other bad input, not axum's plain-text rejection.
+pub(crate) struct RunId(pub(crate) String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RunId {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| {
+                AppError::BadRequest(format!(
+                    "the run id in the path is not valid: {}; a run id is letters, digits, \
+                     '-', '_' and '.'",
+                    e.body_text()
+                ))
+            })?;
+        check_name("run id", &id)?;
+        Ok(Self(id))
+    }
 }
 
 /// Runs a storage call on the blocking pool.
@@ -122,9 +146,8 @@ pub(crate) async fn open_run(
 
 pub(crate) async fn get_run(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
 ) -> Result<Json<RunInfo>, AppError> {
-    check_name("run id", &id)?;
     Ok(Json(
         blocking(&state.storage, move |s| s.get_run(&id)).await?,
     ))
@@ -132,11 +155,10 @@ pub(crate) async fn get_run(
 
 pub(crate) async fn patch_run(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<RunInfo>, AppError> {
-    check_name("run id", &id)?;
     let bytes = read_body(&state, &headers, body).await?;
     let patch: RunPatch = json_body(&bytes, "the change")?;
     Ok(Json(
@@ -181,11 +203,10 @@ pub(crate) async fn list_runs(
 
 pub(crate) async fn ingest(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Ack>, AppError> {
-    check_name("run id", &id)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -229,10 +250,11 @@ pub(crate) struct WatermarkQuery {
 
 pub(crate) async fn watermark(
     State(state): State<AppState>,
-    Path(id): Path<String>,
-    Query(q): Query<WatermarkQuery>,
+    RunId(id): RunId,
+    query: Result<Query<WatermarkQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Ack>, AppError> {
-    check_name("run id", &id)?;
+    let Query(q) = query
+        .map_err(|e| AppError::BadRequest(format!("{e}; a watermark needs ?writer=WRITER_ID")))?;
     let writer = q.writer.clone();
     let mark = blocking(&state.storage, move |s| s.watermark(&id, &writer)).await?;
     Ok(Json(Ack {
@@ -243,9 +265,8 @@ pub(crate) async fn watermark(
 
 pub(crate) async fn keys(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
 ) -> Result<Json<Vec<String>>, AppError> {
-    check_name("run id", &id)?;
     Ok(Json(blocking(&state.storage, move |s| s.keys(&id)).await?))
 }
 
@@ -254,10 +275,9 @@ const MAX_BUCKETS: u32 = 100_000;
 
 pub(crate) async fn series(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
     query: Result<Query<SeriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Series>, AppError> {
-    check_name("run id", &id)?;
     let Query(query) =
         query.map_err(|e| AppError::BadRequest(format!("{e}; a series needs ?key=NAME")))?;
     check_key(&query.key)?;
@@ -273,9 +293,8 @@ pub(crate) async fn series(
 
 pub(crate) async fn latest(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
 ) -> Result<Json<Vec<Latest>>, AppError> {
-    check_name("run id", &id)?;
     Ok(Json(
         blocking(&state.storage, move |s| s.latest(&id)).await?,
     ))
@@ -299,10 +318,9 @@ fn default_log_limit() -> u32 {
 
 pub(crate) async fn logs(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<LogLine>>, AppError> {
-    check_name("run id", &id)?;
     let Query(q) = query.map_err(|e| AppError::BadRequest(e.to_string()))?;
     let wait = Duration::try_from_secs_f64(q.wait)
         .map_err(|_| {
@@ -329,9 +347,8 @@ pub(crate) async fn logs(
 
 pub(crate) async fn events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    RunId(id): RunId,
 ) -> Result<Json<Vec<Event>>, AppError> {
-    check_name("run id", &id)?;
     Ok(Json(
         blocking(&state.storage, move |s| s.events(&id)).await?,
     ))

@@ -92,7 +92,7 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     match given {
         Some(given) if bool::from(given.as_bytes().ct_eq(token.as_bytes())) => next.run(request).await,
         Some(_) => AppError::Unauthorized("wrong token: send the server's token (its --token or RELAUNCH_SERVER_TOKEN)".into())
@@ -102,6 +102,15 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// The credentials of `Bearer CREDENTIALS`; the scheme's name is
+/// case-insensitive (RFC 9110, 11.1).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim_start())
 }
 
 /// Whether `ip` only reaches this machine.
@@ -130,4 +139,19 @@ pub async fn serve(
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer abc"), Some("abc"));
+        assert_eq!(bearer("BEARER  abc"), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearerabc"), None);
+        assert_eq!(bearer(""), None);
+    }
 }
