@@ -27,14 +27,25 @@ class _ServerChild:
     _ready: re.Pattern[str]
     _what: str
 
-    def __init__(self, args: Sequence[str], *, echo: bool, startup_timeout: float) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        echo: bool,
+        startup_timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.log: list[str] = []
         self._echo = echo
         self._started = threading.Event()
         self.port = 0
         self._address = ""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "relaunch", *args], stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "relaunch", *args],
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
@@ -119,11 +130,12 @@ class ServerProcess(_ServerChild):
         *,
         echo: bool = False,
         startup_timeout: float = 30.0,
+        env: dict[str, str] | None = None,
     ):
         self.data_dir = Path(data_dir)
         args = ["server", "--data-dir", os.fspath(data_dir), "--host", "127.0.0.1"]
         args += ["--port", str(port), *extra_args]
-        super().__init__(args, echo=echo, startup_timeout=startup_timeout)
+        super().__init__(args, echo=echo, startup_timeout=startup_timeout, env=env)
 
     @property
     def url(self) -> str:

@@ -110,7 +110,8 @@ class Run:
     def __init__(self, native: _native.Run) -> None:
         self._native = native
         self._log = native.log
-        # "open", "finished", or "disowned" (a forked child's copy).
+        # "open", "finished", "closed" (left unshipped in the spool), or
+        # "disowned" (a forked child's copy).
         self._state = "open"
 
     @property
@@ -193,10 +194,22 @@ class Run:
         value: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Finishes the run, waiting at most ``RELAUNCH_EXIT_TIMEOUT`` seconds (30).
+
+        When the block raised, its exception is what propagates: a server
+        that does not take everything in time is reported on stderr, the
+        records kept in the spool. Otherwise that failure raises, as
+        :meth:`finish` does.
+        """
         error = None
         if kind is not None:
             error = "".join(traceback.format_exception(kind, value, tb))[-8000:]
-        self.finish(error=error)
+        try:
+            self.finish(_exit_timeout(), error=error)
+        except RelaunchError as e:
+            if kind is None:
+                raise
+            _report_unshipped(self, e)
 
     def __repr__(self) -> str:
         where = self.server or f"offline in {self.dir}"
@@ -209,7 +222,9 @@ def _timeout(timeout: float | None) -> float | None:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise TypeError(f"timeout must be seconds (int or float), not {type(timeout).__name__}")
     if not math.isfinite(timeout) or timeout < 0:
-        raise TrackingConfigError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        raise TrackingConfigError(
+            f"timeout must be a finite number of seconds >= 0, got {timeout!r}"
+        )
     return float(timeout)
 
 
@@ -222,7 +237,8 @@ def _config_json(config: object) -> str | None:
         config = vars(config)
     if not isinstance(config, Mapping):
         raise TypeError(
-            f"config must be a mapping, a dataclass or an argparse.Namespace, not {type(config).__name__}"
+            "config must be a mapping, a dataclass or an argparse.Namespace, "
+            f"not {type(config).__name__}"
         )
     return json.dumps(_plain(config, "config"))
 
@@ -289,7 +305,8 @@ def _exit_timeout() -> float:
         seconds = -1.0
     if not math.isfinite(seconds) or seconds < 0:
         print(
-            f"relaunch: {EXIT_TIMEOUT_ENV}={text!r} is not seconds >= 0; using {DEFAULT_EXIT_TIMEOUT:g}",
+            f"relaunch: {EXIT_TIMEOUT_ENV}={text!r} is not seconds >= 0; "
+            f"using {DEFAULT_EXIT_TIMEOUT:g}",
             file=sys.stderr,
         )
         return DEFAULT_EXIT_TIMEOUT
@@ -307,10 +324,17 @@ def _at_exit() -> None:
             run._native.finish(timeout, _uncaught)
             run._state = "finished"
         except (RelaunchError, KeyboardInterrupt) as e:
-            print(
-                f"relaunch: run {run.id}: {e}\n"
-                f"relaunch: what was not shipped is kept in {run.dir}; the next init of run "
-                f"{run.id} ships it, or run `relaunch sync {os.path.dirname(os.path.dirname(run.dir))}`",
-                file=sys.stderr,
-            )
-            run._native.close()
+            _report_unshipped(run, e)
+
+
+def _report_unshipped(run: Run, error: BaseException) -> None:
+    """Says on stderr why the server does not have everything and where the rest is."""
+    client_dir = os.path.dirname(os.path.dirname(run.dir))
+    print(
+        f"relaunch: run {run.id}: {error}\n"
+        f"relaunch: what was not shipped is kept in {run.dir}; the next init of run "
+        f"{run.id} ships it, or run `relaunch sync {client_dir}`",
+        file=sys.stderr,
+    )
+    run._native.close()
+    run._state = "closed"

@@ -1,15 +1,18 @@
-"""Fixtures: our store and PyTorch's own store, each in a child process on loopback."""
+"""Fixtures: our store and PyTorch's own store, and the tracking server, each in a
+child process on loopback."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from relaunch._subprocess import StoreProcess
+from relaunch._subprocess import ServerProcess, StoreProcess
 
 # PyTorch's own server (libuv backend), bound to a loopback socket we hand it,
 # serving until its stdin closes.
@@ -71,3 +74,103 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class TrackingServer:
+    """``relaunch server`` on 127.0.0.1 that a test can stop, kill -9 and
+    start again on the same port and data directory.
+
+    :attr:`log` is the current process's stderr; :meth:`close` (the
+    fixtures' teardown) kills it whatever state the test left it in.
+    """
+
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.args = list(args)
+        self.env = env
+        self.port = 0
+        self.child: ServerProcess | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> list[str]:
+        return self.child.log if self.child is not None else []
+
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.child.proc.poll() is None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Starts the server (on its old port after a stop or kill) and waits until it serves."""
+        assert not self.running, "the server is already running"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.child = ServerProcess(
+                    self.data_dir,
+                    self.port,
+                    self.args,
+                    env=self.env,
+                    startup_timeout=max(1.0, deadline - time.monotonic()),
+                )
+            except RuntimeError as e:
+                # The old port may linger for a moment after a kill -9.
+                if "in use" in str(e) and time.monotonic() < deadline:
+                    continue
+                raise
+            self.port = self.child.port
+            return
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, as a service manager stops it; returns the exit code."""
+        assert self.child is not None
+        return self.child.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish anything."""
+        assert self.child is not None
+        self.child.kill()
+
+    def restart(self) -> None:
+        if self.running:
+            self.stop()
+        self.start()
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.kill()
+
+
+@pytest.fixture
+def tracking_servers(tmp_path: Path) -> Iterator[Callable[..., TrackingServer]]:
+    """Starts ``relaunch server`` children: ``tracking_servers(*flags, env=None)``,
+    each with a data directory of its own; all are killed at teardown."""
+    servers: list[TrackingServer] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> TrackingServer:
+        server = TrackingServer(tmp_path / f"server-data-{len(servers)}", *args, env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def tracking_server(tracking_servers: Callable[..., TrackingServer]) -> TrackingServer:
+    """A ``relaunch server`` on 127.0.0.1 with ``--durability process``."""
+    return tracking_servers("--durability", "process")

@@ -13,39 +13,23 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from relaunch._subprocess import ServerProcess
+from conftest import TrackingServer, wait_for
 
 RELAUNCH = [sys.executable, "-m", "relaunch"]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def get(server: ServerProcess, path: str, **query: object) -> object:
+def get(server: TrackingServer, path: str, **query: object) -> object:
     url = f"{server.url}/api/v1{path}"
     if query:
         url += "?" + urllib.parse.urlencode(query)
     with urllib.request.urlopen(url, timeout=30) as response:
         return json.load(response)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(tmp_path / "server-data", extra_args=["--durability", "process"]) as s:
-        yield s
 
 
 @pytest.fixture
@@ -78,13 +62,13 @@ def script(tmp_path: Path, name: str, body: str) -> Path:
     return path
 
 
-def series(server: ServerProcess, run: str, key: str, rank: int = 0) -> list[dict]:
+def series(server: TrackingServer, run: str, key: str, rank: int = 0) -> list[dict]:
     data = get(server, f"/runs/{run}/series", key=key, rank=rank, buckets=100000)
     assert isinstance(data, dict)
     return data["points"]
 
 
-def events(server: ServerProcess, run: str) -> list[dict]:
+def events(server: TrackingServer, run: str) -> list[dict]:
     data = get(server, f"/runs/{run}/events")
     assert isinstance(data, list)
     return data
@@ -106,8 +90,9 @@ FAILS_ONCE = """
 
 
 def test_a_job_logs_its_status_restarts_root_cause_lines_and_system_metrics(
-    server, launch, tmp_path
+    tracking_server, launch, tmp_path
 ):
+    server = tracking_server
     train = script(tmp_path, "train.py", FAILS_ONCE)
     proc = launch(
         "--server", server.url, "--project", "demo", "--run-id", "job-a",
@@ -181,8 +166,9 @@ PREEMPTIBLE = """
 
 
 def test_a_preempted_job_relaunched_with_its_run_id_continues_the_same_run(
-    server, launch, tmp_path
+    tracking_server, launch, tmp_path
 ):
+    server = tracking_server
     train = script(tmp_path, "train.py", PREEMPTIBLE)
     args = ("--server", server.url, "--run-id", "job-b", "--nproc-per-node", "1", train)
     first = launch(*args)
@@ -209,15 +195,17 @@ def test_a_preempted_job_relaunched_with_its_run_id_continues_the_same_run(
     assert kinds == ["start", "preempted", "start", "finished"], kinds
 
 
-def test_with_the_server_down_the_job_runs_and_sync_ships_it_later(launch, tmp_path):
+def test_with_the_server_down_the_job_runs_and_sync_ships_it_later(
+    tracking_servers, launch, tmp_path
+):
     # No finish(): the interpreter's exit waits RELAUNCH_EXIT_TIMEOUT and
     # leaves the rest in the spool; an outage never fails the training.
     body = FAILS_ONCE.replace("rank == 1 and", "False and").replace("run.finish()", "")
     train = script(tmp_path, "train.py", body)
-    with ServerProcess(tmp_path / "data") as probe:
-        url = probe.url  # a port that answers nothing once it is stopped
+    server = tracking_servers()
+    assert server.stop() == 0  # its port now answers nothing
     proc = launch(
-        "--server", url, "--run-id", "job-c", "--nproc-per-node", "2",
+        "--server", server.url, "--run-id", "job-c", "--nproc-per-node", "2",
         "--system-metrics-interval", "0", train,
         env={"RELAUNCH_EXIT_TIMEOUT": "1"},
     )  # fmt: skip
@@ -227,22 +215,21 @@ def test_with_the_server_down_the_job_runs_and_sync_ships_it_later(launch, tmp_p
     spools = tmp_path / "relaunch-runs"
     assert (spools / "job-c").is_dir()
 
-    port = int(url.rsplit(":", 1)[1])
-    with ServerProcess(tmp_path / "data", port=port) as server:
-        sync = subprocess.run(
-            [*RELAUNCH, "sync", spools, "--server", server.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert sync.returncode == 0, sync.stdout + sync.stderr
-        run = get(server, "/runs/job-c")
-        assert isinstance(run, dict) and run["status"] == "finished", run
-        for rank in (0, 1):
-            assert [p["step"] for p in series(server, "job-c", "loss", rank)] == list(range(20))
-        lines = get(server, "/runs/job-c/logs", limit=10000)
-        assert isinstance(lines, list)
-        assert len([ln for ln in lines if ln["stream"] == "stdout"]) == 40
+    server.start()
+    sync = subprocess.run(
+        [*RELAUNCH, "sync", spools, "--server", server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sync.returncode == 0, sync.stdout + sync.stderr
+    run = get(server, "/runs/job-c")
+    assert isinstance(run, dict) and run["status"] == "finished", run
+    for rank in (0, 1):
+        assert [p["step"] for p in series(server, "job-c", "loss", rank)] == list(range(20))
+    lines = get(server, "/runs/job-c/logs", limit=10000)
+    assert isinstance(lines, list)
+    assert len([ln for ln in lines if ln["stream"] == "stdout"]) == 40
 
 
 @pytest.mark.parametrize(

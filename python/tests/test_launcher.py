@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from relaunch._subprocess import alive, children
 
@@ -22,14 +23,6 @@ HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
 TRAIN = HERE.parents[1] / "examples" / "train.py"
 RELAUNCH = [sys.executable, "-m", "relaunch", "run"]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture
