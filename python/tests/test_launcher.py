@@ -227,6 +227,12 @@ def test_sigkill_to_the_launcher_leaves_no_worker(launcher, tmp_path):
     wait_for(lambda: not any(alive(p) for p in pids), 1.0, "the workers to die with the launcher")
 
 
+def stat_state(pid: int) -> str:
+    """The one-letter state in ``/proc/PID/stat`` (``T`` stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
 def test_a_second_signal_kills_at_once(launcher, tmp_path):
     job = launcher("--shutdown-timeout", "60", WORKERS / "sleeper.py", tmp_path)
     wait_for(lambda: (tmp_path / "pid.0").exists(), 60, "the worker")
@@ -234,6 +240,9 @@ def test_a_second_signal_kills_at_once(launcher, tmp_path):
     # The worker ignores nothing, but make it ignore SIGTERM's default by
     # stopping it: only SIGKILL ends a stopped process.
     os.kill(pid, signal.SIGSTOP)
+    # Stopped for real before SIGTERM comes: a SIGTERM that reaches it first
+    # (the stop is taken when it next runs) would kill it.
+    wait_for(lambda: stat_state(pid) == "T", 30, "the worker to stop")
     job.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert alive(pid)
