@@ -3,8 +3,12 @@
 The Python API is a thin layer over a Rust core (``relaunch._native``).
 """
 
+from typing import TYPE_CHECKING
+
 from relaunch._native import __version__
+from relaunch.checkpoint import Checkpoint, Checkpointer
 from relaunch.errors import (
+    CheckpointError,
     QueueEmptyError,
     RelaunchError,
     StoreConnectionError,
@@ -20,6 +24,9 @@ from relaunch.errors import (
 from relaunch.store import Store
 from relaunch.tracking import Run, init
 
+if TYPE_CHECKING:
+    from relaunch.sampler import InterruptibleSampler
+
 
 def __getattr__(name: str):
     # `relaunch.preemption` installs signal handlers, so it loads only when
@@ -28,10 +35,19 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("relaunch.preemption")
+    # The sampler needs torch, which `import relaunch` must not load.
+    if name == "InterruptibleSampler":
+        from relaunch.sampler import InterruptibleSampler
+
+        return InterruptibleSampler
     raise AttributeError(f"module 'relaunch' has no attribute {name!r}")
 
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "Checkpointer",
+    "InterruptibleSampler",
     "QueueEmptyError",
     "RelaunchError",
     "Run",

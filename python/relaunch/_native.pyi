@@ -1,5 +1,7 @@
 """Type stubs for the native module, written by hand to mirror crates/relaunch-py."""
 
+import os
+
 __version__: str
 
 def cli_main(argv: list[str], python: str | None = None) -> int:
@@ -72,3 +74,9 @@ class Run:
     def finish(self, timeout: float | None = None, error: str | None = None) -> None: ...
     def close(self) -> None: ...
     def _disown(self) -> None: ...
+
+def hash_file(path: str | os.PathLike[str]) -> str:
+    """BLAKE3 of the file's contents, hex; the GIL is released while it reads."""
+
+def hash_bytes(data: bytes) -> str:
+    """BLAKE3 of ``data``, hex."""

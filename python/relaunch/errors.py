@@ -47,3 +47,8 @@ class TrackingRejectedError(TrackingError):
 
 class TrackingConfigError(TrackingError, ValueError):
     """A bad argument: a run id, project, server URL, metric name, or a finished run."""
+
+
+class CheckpointError(RelaunchError):
+    """A checkpoint could not be committed: a rank failed or timed out, a file
+    went missing or changed, or the directory is not shared by all ranks."""

@@ -3,6 +3,7 @@
 
 mod blocking;
 mod errors;
+mod files;
 mod store;
 mod tracking;
 
@@ -27,6 +28,8 @@ mod _native {
 
     #[pymodule_export]
     use super::cli_main;
+    #[pymodule_export]
+    use super::files::{hash_bytes, hash_file};
     #[pymodule_export]
     use super::store::Store;
     #[pymodule_export]

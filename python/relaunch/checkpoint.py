@@ -1,0 +1,1287 @@
+"""``relaunch.Checkpointer``: checkpoint directories that are either complete or absent.
+
+Every rank writes its files into one temporary directory per step; on leaving
+the ``with`` block the checkpoint is committed::
+
+    ckpt = relaunch.Checkpointer("checkpoints", keep_last=3)
+    resume = ckpt.latest()            # newest checkpoint that verifies, or None
+    for step in range(resume.step + 1 if resume else 0, total):
+        train_step()
+        with ckpt.save(step, force=preemption.reached(step)) as path:
+            if path is not None:      # None: no save at this step
+                torch.save(model.state_dict(), path / f"model.{rank}.pt")
+
+On disk, ``DIR`` holds::
+
+    step_00000042/               a committed checkpoint: the ranks' files and
+        manifest.json            every file's size and BLAKE3, the step, metrics
+    latest -> step_00000042      symlink to the newest commit (for people and tools)
+    step_00000043.tmp-TOKEN/     being written (removed when stale)
+    step_00000007.old-TOKEN/     being deleted (removed when stale)
+
+A commit: every rank leaves the block (a barrier through the store); the ranks
+share out the files, fsync and hash them and report to rank 0; rank 0 writes
+``manifest.json`` atomically (temporary name, fsync, rename), fsyncs the
+directory, renames it to its final name, swaps ``latest`` (a new symlink
+renamed over the old one), fsyncs ``DIR``, and only then tells the other
+ranks, whose ``with`` blocks return, and prunes old checkpoints. The rename
+is the commit: a directory with its final name has a complete manifest. So a
+kill at any instant leaves the previous checkpoints as they were, and once
+the ``with`` block returned the checkpoint survives a kill, and power loss
+too where the file system honours fsync (retention deletes old checkpoints
+only after that). ``latest()`` checks the manifest before it trusts a
+checkpoint and falls back past any that does not verify, with a warning.
+
+Ranks agree through relaunch's store (``RELAUNCH_STORE`` under ``relaunch
+run``; ``MASTER_ADDR``/``MASTER_PORT`` under torchrun; or ``store=``), never
+through torch.distributed, so a hung collective cannot hang a checkpoint.
+Each call to :meth:`Checkpointer.save` is one round: every rank votes whether
+it wants to save (``force``, or ``save_every`` says the step is due); the
+strategy turns the votes into one decision that every rank gets, with the
+step and the name of the temporary directory:
+
+- ``"sync_any"``: all ranks save when any rank wants to (a rank that saw a
+  preemption signal forces the save on all);
+- ``"sync_all"``: all ranks save only when every rank wants to;
+- ``"async"``: no agreement: each rank saves when it wants to and commits its
+  own files alone as a whole checkpoint, without waiting for the others. Use
+  it when one rank (usually rank 0) writes the whole state; two ranks saving
+  the same step collide, and the second one fails with CheckpointError.
+
+The directory must be shared by all ranks (one file system); rank 0 checks
+that it sees every file the others wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy as _copy
+import json
+import math
+import os
+import re
+import shutil
+import stat
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from relaunch import _native
+from relaunch.errors import CheckpointError
+
+__all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
+
+STRATEGIES = ("sync_any", "sync_all", "async")
+MANIFEST = "manifest.json"
+LATEST = "latest"
+FORMAT = "relaunch-checkpoint/1"
+DEFAULT_TIMEOUT = 1800.0
+"""Seconds a rank waits for the others at each step of a save (torch's default
+process-group timeout): writing a large checkpoint can take minutes."""
+
+# Environment the launchers set (crates/relaunch-launch/src/env.rs).
+ENV_STORE = "RELAUNCH_STORE"
+ENV_RUN_ID = ("RELAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID")
+ENV_ATTEMPT = ("RELAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+# Temporaries at the top of DIR: step dirs being written or deleted, and the
+# `latest` symlink being swapped. TOKEN is SESSION-RANDOM.
+_TEMPORARY = re.compile(r"^(?:step_\d+|latest)\.(?:tmp|old)-([0-9a-f]+)-[0-9a-f]+$")
+# A temporary of another attempt of a job whose ranks save on their own
+# ("async") is only removed once it is this old, unless the attempts are known.
+_STALE_AGE = 3600.0
+# Files hashed at once by one rank; the native hash releases the GIL.
+_HASH_THREADS = 8
+# Temporary directories this process is writing, which no Checkpointer of
+# this process cleans up as stale.
+_IN_PROGRESS: set[str] = set()
+
+
+class Checkpoint:
+    """A committed checkpoint: its directory, step and manifest."""
+
+    __slots__ = ("manifest", "path", "step")
+
+    def __init__(self, path: Path, step: int, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.step = step
+        self.manifest = manifest
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(path={str(self.path)!r}, step={self.step})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Checkpoint):
+            return NotImplemented
+        return (self.path, self.step) == (other.path, other.step)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.step))
+
+    @property
+    def files(self) -> dict[str, int]:
+        """Each file's name (relative, ``/``-separated) and size in bytes."""
+        return {name: entry["size"] for name, entry in self.manifest["files"].items()}
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.manifest.get("metrics") or {}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.manifest.get("metadata") or {}
+
+    @property
+    def forced(self) -> bool:
+        return bool(self.manifest.get("forced"))
+
+    def load_file(self, name: str = "model.pt", map_location: Any = None, **kwargs: Any) -> Any:
+        """``torch.load`` of one file of this checkpoint (keyword arguments go to it)."""
+        import torch
+
+        if name not in self.manifest["files"]:
+            raise FileNotFoundError(
+                f"checkpoint {self.path} has no file {name!r}; it has "
+                f"{', '.join(sorted(self.manifest['files'])) or 'no files'}"
+            )
+        return torch.load(self.path / name, map_location=map_location, **kwargs)
+
+
+# --- validation --------------------------------------------------------------
+
+
+def _positive(value: object, name: str, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an int >= 1{none}, got {value!r}")
+    return value
+
+
+def _step(step: object) -> int:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int, not {type(step).__name__}: {step!r}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return step
+
+
+def _keep_best(spec: object) -> tuple[str, str, int] | None:
+    """``(metric, "min"|"max")`` or ``(metric, "min"|"max", count)``."""
+    if spec is None:
+        return None
+    usage = (
+        'keep_best must be (metric, "min" or "max") or (metric, "min" or "max", count), '
+        f'e.g. ("val_loss", "min"); got {spec!r}'
+    )
+    if not isinstance(spec, tuple | list) or len(spec) not in (2, 3):
+        raise ValueError(usage)
+    metric, mode = spec[0], spec[1]
+    count = spec[2] if len(spec) == 3 else 1
+    if not isinstance(metric, str) or not metric or mode not in ("min", "max"):
+        raise ValueError(usage)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(usage)
+    return metric, mode, count
+
+
+def _json_dict(value: object, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
+    out = {str(k): v for k, v in value.items()}
+    try:
+        json.dumps(out)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"{name} must be JSON-serializable (numbers, strings, lists, dicts): {e}"
+        ) from None
+    return out
+
+
+def _env(names: Iterable[str]) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+# --- durable file operations -------------------------------------------------
+
+
+def _fsync(path: Path | str) -> None:
+    """fsync a file or a directory (a directory's fsync makes its entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Writes ``path`` whole or not at all: temporary name, fsync, rename.
+    The caller fsyncs the directory."""
+    temp = path.with_name(f"{path.name}.tmp-{os.urandom(4).hex()}")
+    with open(temp, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def _point_latest(root: Path, target: str, token: str) -> None:
+    """Swaps ``root/latest`` to point at ``target``: a new symlink under a
+    temporary name renamed over the old one (a file naming the target where
+    the file system has no symlinks). The caller fsyncs ``root``."""
+    temp = root / f"{LATEST}.tmp-{token}"
+    try:
+        os.symlink(target, temp)
+    except OSError:
+        with open(temp, "x") as f:
+            f.write(target + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(temp, root / LATEST)
+
+
+def _remove(path: Path) -> None:
+    """Removes a directory (or file) for good; first renamed out of the way by callers."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _walk(root: Path) -> dict[str, int]:
+    """Every regular file under ``root``: relative ``/`` name -> size."""
+    files: dict[str, int] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*filenames, *dirnames]:
+            full = os.path.join(dirpath, name)
+            st = os.lstat(full)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(
+                    f"{full} is not a regular file (a symlink or special file); a checkpoint "
+                    "holds regular files only: write the file itself into the directory"
+                )
+            files[rel] = st.st_size
+    return files
+
+
+def _subdirs(root: Path) -> list[str]:
+    """Every directory below ``root`` (not itself), deepest first."""
+    out = [dirpath for dirpath, _, _ in os.walk(root) if dirpath != str(root)]
+    return sorted(out, key=lambda p: p.count(os.sep), reverse=True)
+
+
+def _fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
+    """fsync and hash ``names`` (several at once): name -> [size, blake3]."""
+
+    def one(name: str) -> tuple[str, list]:
+        path = root / name
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+            size = os.fstat(f.fileno()).st_size
+        return name, [size, _native.hash_file(path)]
+
+    if len(names) <= 1:
+        return dict(one(n) for n in names)
+    from concurrent.futures import ThreadPoolExecutor  # not at import: it loads logging
+
+    with ThreadPoolExecutor(min(len(names), _HASH_THREADS)) as pool:
+        return dict(pool.map(one, names))
+
+
+# --- manifests ---------------------------------------------------------------
+
+
+def _canonical(manifest: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in manifest.items() if k != "blake3"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _safe_name(name: object) -> bool:
+    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _read_manifest(path: Path, step: int) -> tuple[dict[str, Any] | None, str]:
+    """The manifest of checkpoint ``path`` if it is intact, else why not."""
+    try:
+        raw = (path / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        return None, f"it has no {MANIFEST} (its commit did not finish)"
+    except OSError as e:
+        return None, f"its {MANIFEST} cannot be read: {e}"
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        return None, f"its {MANIFEST} is not valid JSON (truncated or overwritten)"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        return None, f"its {MANIFEST} is not a relaunch checkpoint manifest ({FORMAT})"
+    if manifest.get("blake3") != _native.hash_bytes(_canonical(manifest)):
+        return None, f"its {MANIFEST} does not match its own BLAKE3 (it was altered)"
+    if manifest.get("step") != step:
+        return None, f"its {MANIFEST} is of step {manifest.get('step')!r}, not {step}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(_safe_name(n) for n in files):
+        return None, f"its {MANIFEST} names a file outside the checkpoint"
+    return manifest, ""
+
+
+def _verify(path: Path, step: int, full: bool) -> tuple[dict[str, Any] | None, str]:
+    """The manifest if the checkpoint verifies (sizes; BLAKE3 too if ``full``)."""
+    manifest, problem = _read_manifest(path, step)
+    if manifest is None:
+        return None, problem
+    files = manifest["files"]
+    for name, entry in sorted(files.items()):
+        try:
+            st = os.stat(path / name)
+        except FileNotFoundError:
+            return None, f"{name} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{name} is not a regular file"
+        if st.st_size != entry.get("size"):
+            return None, f"{name} has {st.st_size} bytes, the manifest says {entry.get('size')}"
+    if full:
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = sorted(files)
+        with ThreadPoolExecutor(max(1, min(len(names), _HASH_THREADS))) as pool:
+            hashes = pool.map(lambda n: _native.hash_file(path / n), names)
+            for name, digest in zip(names, hashes, strict=True):
+                if digest != files[name].get("blake3"):
+                    return None, f"{name} does not match its BLAKE3 hash (its contents changed)"
+    return manifest, ""
+
+
+# --- retention -----------------------------------------------------------------
+
+
+def _kept(
+    committed: Mapping[int, dict[str, Any] | None],
+    keep_last: int | None,
+    keep_every: int | None,
+    keep_best: tuple[str, str, int] | None,
+) -> set[int]:
+    """Steps that retention keeps among ``committed`` (step -> manifest, None
+    when unreadable: those are never deleted); the newest is always kept."""
+    steps = sorted(committed)
+    keep = set(steps[-1:])
+    keep |= set(steps if keep_last is None else steps[-keep_last:])
+    if keep_every is not None:
+        keep |= {s for s in steps if s % keep_every == 0}
+    keep |= {s for s, m in committed.items() if m is None or m.get("forced")}
+    if keep_best is not None:
+        metric, mode, count = keep_best
+        scored = []
+        for s, m in committed.items():
+            value = ((m or {}).get("metrics") or {}).get(metric)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if math.isfinite(value):
+                    scored.append((value if mode == "min" else -value, -s, s))
+        keep |= {s for _, _, s in sorted(scored)[:count]}
+    return keep
+
+
+# --- agreement through the store -----------------------------------------------
+
+
+class _Decision(NamedTuple):
+    save: bool
+    step: int
+    forced: bool
+    token: str
+
+
+class _Coordinator:
+    """One Checkpointer's rounds of agreement through the store.
+
+    Round ``n`` (the n-th call to ``save`` on every rank) uses keys
+    ``PREFIX/n/...``: ``ballots`` (each rank appends ``rank:step:ask:force;``),
+    ``votes`` (a counter; the rank whose vote makes it ``world`` decides and
+    sets ``decision``); for a save also ``written``/``writers``/``outcome``
+    (leaving the block: ``ok`` from the last rank, or the first ``abort``),
+    ``report/RANK`` (files hashed by each rank) and ``commit`` (rank 0: ``ok``
+    or why not). The rank that decides round n deletes round n-1's keys:
+    every rank has finished with them once it votes in round n.
+    """
+
+    def __init__(self, store: Any, prefix: str, rank: int, world: int, timeout: float):
+        self.store = store
+        self.prefix = prefix
+        self.rank = rank
+        self.world = world
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.round = 0
+        self._previous: list[str] = []
+
+    def key(self, n: int, name: str) -> str:
+        return f"{self.prefix}{n}/{name}"
+
+    def _wait(self, n: int, key: str, what: str, arrived_key: str | None = None) -> bytes:
+        try:
+            self.store.wait([key], self.timeout)
+        except TimeoutError:
+            missing = ""
+            if arrived_key is not None:
+                arrived = self._ranks(
+                    self.store.get(arrived_key) if self.store.check([arrived_key]) else b""
+                )
+                absent = sorted(set(range(self.world)) - arrived)
+                missing = f"; rank(s) {', '.join(map(str, absent))} did not get there"
+            raise CheckpointError(
+                f"checkpoint round {n}: timed out after {self.timeout:g} s waiting for "
+                f"{what}{missing} (a rank crashed or is stuck; raise timeout= if saving is slow)"
+            ) from None
+        return self.store.get(key)
+
+    @staticmethod
+    def _ranks(raw: bytes) -> set[int]:
+        return {int(part.split(":")[0]) for part in raw.decode().split(";") if part}
+
+    def vote(self, step: int, ask: bool, force: bool, strategy: str, session: str) -> _Decision:
+        with self.lock:
+            n = self.round
+            self.round += 1
+            store = self.store
+            store.append(self.key(n, "ballots"), f"{self.rank}:{step}:{int(ask)}:{int(force)};")
+            votes = store.add(self.key(n, "votes"), 1)
+            if votes > self.world:
+                raise CheckpointError(
+                    f"checkpoint round {n} got {votes} votes for {self.world} ranks: another job "
+                    "shares this store and directory, or ranks disagree on WORLD_SIZE"
+                )
+            if votes == self.world:
+                decision = self._decide(n, strategy, session)
+                for key in self._previous:
+                    store.delete_key(key)
+                store.set(self.key(n, "decision"), json.dumps(decision))
+            raw = self._wait(
+                n, self.key(n, "decision"), "every rank to call save()", self.key(n, "ballots")
+            )
+            decision = json.loads(raw)
+            self._previous = [self.key(n, k) for k in ("ballots", "votes", "decision")]
+            if decision.get("error"):
+                raise ValueError(decision["error"])
+            if decision["save"]:
+                self._previous += [self.key(n, k) for k in ("written", "writers", "outcome")]
+                self._previous += [self.key(n, f"report/{r}") for r in range(self.world)]
+                self._previous.append(self.key(n, "commit"))
+            return _Decision(
+                decision["save"], decision["step"], decision["forced"], decision["token"]
+            )
+
+    def _decide(self, n: int, strategy: str, session: str) -> dict[str, Any]:
+        ballots = {}
+        for part in self.store.get(self.key(n, "ballots")).decode().split(";"):
+            if part:
+                rank, step, ask, force = part.split(":")
+                ballots[int(rank)] = (int(step), ask == "1", force == "1")
+        steps = {s for s, _, _ in ballots.values()}
+        if len(steps) > 1:
+            by_rank = ", ".join(f"rank {r}: {ballots[r][0]}" for r in sorted(ballots))
+            return {
+                "error": f"ranks called save() with different steps ({by_rank}); "
+                "every rank must call save() at the same step"
+            }
+        asks = [a for _, a, _ in ballots.values()]
+        save = any(asks) if strategy == "sync_any" else all(asks)
+        return {
+            "save": save,
+            "step": steps.pop(),
+            "forced": save and any(f for _, _, f in ballots.values()),
+            "token": f"{session}-{os.urandom(4).hex()}",
+        }
+
+    def leave_block(self, n: int, error: str | None) -> None:
+        """Says this rank left the ``with`` block (or why it aborts); waits for the others."""
+        store = self.store
+        outcome = self.key(n, "outcome")
+        if error is not None:
+            store.compare_set(outcome, "", f"abort: rank {self.rank}: {error}")
+            return
+        store.append(self.key(n, "writers"), f"{self.rank};")
+        if store.add(self.key(n, "written"), 1) == self.world:
+            store.compare_set(outcome, "", "ok")
+        raw = self._wait(n, outcome, "every rank to finish writing", self.key(n, "writers"))
+        if raw != b"ok":
+            raise CheckpointError(f"checkpoint aborted: {raw.decode()[len('abort: ') :]}")
+
+    def report(self, n: int, report: dict[str, Any]) -> None:
+        self.store.set(self.key(n, f"report/{self.rank}"), json.dumps(report))
+
+    def reports(self, n: int) -> list[dict[str, Any]]:
+        keys = [self.key(n, f"report/{r}") for r in range(1, self.world)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except TimeoutError:
+            absent = [r for r, k in enumerate(keys, 1) if not self.store.check([k])]
+            raise CheckpointError(
+                f"checkpoint round {n}: timed out after {self.timeout:g} s waiting for the "
+                f"file reports of rank(s) {', '.join(map(str, absent))}"
+            ) from None
+        return [json.loads(raw) for raw in self.store.multi_get(keys)]
+
+    def announce(self, n: int, outcome: str) -> None:
+        self.store.set(self.key(n, "commit"), outcome)
+
+    def committed(self, n: int) -> None:
+        raw = self._wait(n, self.key(n, "commit"), "rank 0 to commit").decode()
+        if raw != "ok":
+            raise CheckpointError(f"rank 0 could not commit the checkpoint: {raw}")
+
+
+def _connect_store(timeout: float) -> tuple[Any, str] | None:
+    """A store for the job from the environment and the key prefix for it."""
+    from relaunch.store import Store
+
+    addr = os.environ.get(ENV_STORE)
+    if addr:
+        host, _, port = addr.rpartition(":")
+    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+    else:
+        return None
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"cannot parse the store address {addr!r} (want HOST:PORT)") from None
+    # Raw keys, like the launcher's: relaunch's own live under `relaunch/`.
+    return Store(host.strip("[]"), port_number, timeout=min(timeout, 300.0), prefix=""), ""
+
+
+# --- copying state to the CPU ----------------------------------------------------
+
+
+class _Stager:
+    """Copies state to CPU memory for :meth:`Checkpointer.save_async`.
+
+    The copy shares nothing with the original, so training may change it at
+    once. Each save reuses the buffers of the previous one (the same tensors
+    in the same order, as a training loop saves them): no allocation, no page
+    faults, and pinned memory for GPU tensors, copied without blocking and
+    synchronized once. Views of one storage with the same shape and strides
+    (tied weights) are copied once and stay shared in the file.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: list[Any] = []
+
+    def copy(self, obj: Any, torch: Any) -> Any:
+        self._torch = torch
+        self._next: list[Any] = []
+        self._memo: dict[tuple, Any] = {}
+        self._cuda = False
+        out = self._copy(obj)
+        if self._cuda:
+            torch.cuda.synchronize()
+        self.buffers = self._next
+        return out
+
+    def _tensor(self, t: Any) -> Any:
+        torch = self._torch
+        t = t.detach()
+        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
+            return t.to("cpu", copy=True)
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
+        if key in self._memo:
+            return self._memo[key]
+        cuda = t.device.type == "cuda"
+        i = len(self._next)
+        buf = self.buffers[i] if i < len(self.buffers) else None
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != cuda:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
+        buf.copy_(t, non_blocking=cuda)
+        self._cuda |= cuda
+        self._next.append(buf)
+        self._memo[key] = buf
+        return buf
+
+    def _copy(self, obj: Any) -> Any:
+        if isinstance(obj, self._torch.Tensor):
+            return self._tensor(obj)
+        if isinstance(obj, Mapping):
+            items = [(k, self._copy(v)) for k, v in obj.items()]
+            if type(obj) is dict:
+                return dict(items)
+            try:
+                return type(obj)(items)
+            except TypeError:
+                return dict(items)
+        if isinstance(obj, list):
+            return [self._copy(v) for v in obj]
+        if isinstance(obj, tuple):
+            items = [self._copy(v) for v in obj]
+            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+        if obj is None or isinstance(obj, str | bytes | int | float | bool):
+            return obj
+        try:
+            return _copy.deepcopy(obj)
+        except Exception:
+            return obj
+
+
+# --- the checkpointer ------------------------------------------------------------
+
+
+class _Save:
+    """What :meth:`Checkpointer.save` returns: a context manager whose
+    ``__enter__`` agrees on the save and gives the directory to write into
+    (``None`` when no save is due), and whose ``__exit__`` commits.
+
+    After the block, :attr:`checkpoint` is the committed checkpoint.
+    """
+
+    def __init__(
+        self, owner: Checkpointer, step: int, force: bool, metrics: dict, metadata: dict
+    ) -> None:
+        self._owner = owner
+        self.step = step
+        self.force = force
+        self.metrics = metrics
+        self.metadata = metadata
+        self.path: Path | None = None
+        self.checkpoint: Checkpoint | None = None
+        self._round = -1
+        self._decision: _Decision | None = None
+        self._entered = False
+
+    def __enter__(self) -> Path | None:
+        if self._entered:
+            raise RuntimeError("a save() context can be entered only once; call save() again")
+        self._entered = True
+        self._owner._begin(self)
+        return self.path
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self._owner._end(self, exc)
+
+
+class Checkpointer:
+    """Atomic, verified checkpoints in ``dir``, shared by every rank of a job.
+
+    Arguments:
+
+    - ``keep_last``: how many of the newest checkpoints to keep (None: all).
+    - ``keep_every``: also keep every checkpoint whose step is a multiple of it.
+    - ``keep_best``: also keep the best by a metric given to ``save(...,
+      metrics=)``: ``("val_loss", "min")``, or ``("acc", "max", 3)`` for three.
+    - ``strategy``: ``"sync_any"``, ``"sync_all"`` or ``"async"`` (see the module).
+    - ``store``: a :class:`relaunch.Store` to agree through; by default the
+      job's (``RELAUNCH_STORE``, else ``MASTER_ADDR``/``MASTER_PORT``). A
+      single process needs none.
+    - ``save_every``: a step is due when it is a multiple of it (None: every
+      call to ``save`` wants to save); ``force=True`` wants to save anyway.
+    - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
+    - ``timeout``: seconds to wait for the other ranks at each stage of a save.
+
+    Forced checkpoints, the newest and those retention keeps are never
+    deleted; rank 0 prunes the rest only after a new checkpoint is committed.
+    Construction creates ``dir`` if needed and, on rank 0, removes
+    temporaries that earlier processes left.
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str],
+        keep_last: int | None = 3,
+        keep_every: int | None = None,
+        keep_best: tuple | None = None,
+        strategy: str = "sync_any",
+        store: Any = None,
+        *,
+        save_every: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(
+                f"unknown strategy {strategy!r}; use one of {', '.join(map(repr, STRATEGIES))}"
+            )
+        self.keep_last = _positive(keep_last, "keep_last (how many checkpoints to keep)")
+        self.keep_every = _positive(keep_every, "keep_every")
+        self.keep_best = _keep_best(keep_best)
+        self.save_every = _positive(save_every, "save_every")
+        self.strategy = strategy
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        for name, value in (("rank", self.rank), ("world_size", self.world_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"rank {self.rank} is not in a world of {self.world_size} ranks "
+                "(rank must be in 0..world_size-1)"
+            )
+        if not isinstance(dir, str | os.PathLike):
+            raise TypeError(f"dir must be a path (str or os.PathLike), not {type(dir).__name__}")
+        # Resolved once: a later chdir does not move the checkpoints.
+        self.dir = Path(os.path.abspath(os.fspath(dir)))
+        if self.dir.exists() and not self.dir.is_dir():
+            raise NotADirectoryError(
+                f"checkpoint directory {self.dir} exists and is not a directory; "
+                "pass the path of a directory (it is created if missing)"
+            )
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise NotADirectoryError(
+                f"cannot create checkpoint directory {self.dir}: a file is in the way"
+            ) from None
+
+        run_id, attempt = _env(ENV_RUN_ID), _env(ENV_ATTEMPT)
+        self._session = _native.hash_bytes(f"{run_id}\0{attempt}".encode())[:8]
+        self._session_known = run_id is not None and attempt is not None
+        self._store_arg = store
+        self._coordinator: _Coordinator | None = None
+        self._key_prefix = (
+            f"relaunch/{run_id}/workers/ckpt/" if run_id else "relaunch/ckpt/"
+        ) + f"{_native.hash_bytes(str(self.dir).encode())[:12]}/{attempt or 0}/"
+        if (
+            self._coordinated
+            and store is None
+            and os.environ.get(ENV_STORE) is None
+            and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
+        ):
+            raise ValueError(
+                f"Checkpointer needs a store to agree across {self.world_size} ranks: run under "
+                "`relaunch run` (it sets RELAUNCH_STORE) or torchrun, or pass "
+                'store=relaunch.Store(host, port); or use strategy="async"'
+            )
+
+        self._lock = threading.Lock()
+        self._active: _Save | None = None
+        self._last_step: int | None = None
+        self._floor: int | None = None
+        self._floor_known = False
+        self._abandoned: list[Path] = []
+        self._async: threading.Thread | None = None
+        self._async_error: BaseException | None = None
+        self._async_step: int | None = None
+        self._stager = _Stager()
+        if self.rank == 0 or self.strategy == "async":
+            self._clean_stale()
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpointer({str(self.dir)!r}, keep_last={self.keep_last}, "
+            f"keep_every={self.keep_every}, keep_best={self.keep_best}, "
+            f"strategy={self.strategy!r}, rank={self.rank}, world_size={self.world_size})"
+        )
+
+    @property
+    def _coordinated(self) -> bool:
+        return self.world_size > 1 and self.strategy != "async"
+
+    # --- reading -------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        """Steps of the committed checkpoints in ``dir`` (final name and a
+        manifest), oldest first, without verifying them."""
+        return sorted(s for s, p in self._step_dirs() if (p / MANIFEST).exists())
+
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        out = []
+        for entry in os.scandir(self.dir):
+            match = _STEP_DIR.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False):
+                out.append((int(match.group(1)), Path(entry.path)))
+        return sorted(out)
+
+    def latest(self, verify: str = "sizes") -> Checkpoint | None:
+        """The newest committed checkpoint that verifies, or None.
+
+        ``verify="sizes"`` (default) checks the manifest (its own BLAKE3, its
+        step) and every file's presence and size; ``verify="full"`` also
+        hashes every file. A newer checkpoint that fails is skipped with a
+        warning that says what is wrong with it. Saves of this Checkpointer
+        must then be of later steps than the one returned (a corrupt newer
+        checkpoint of the same step is replaced).
+        """
+        if verify not in ("sizes", "full"):
+            raise ValueError(f'verify must be "sizes" or "full", got {verify!r}')
+        found = None
+        for step, path in reversed(self._step_dirs()):
+            manifest, problem = _verify(path, step, full=verify == "full")
+            if manifest is not None:
+                found = Checkpoint(path, step, manifest)
+                break
+            warnings.warn(
+                f"relaunch.Checkpointer: skipping checkpoint {path}: {problem}; "
+                "falling back to an older checkpoint",
+                stacklevel=2,
+            )
+        # What the caller resumes from: later saves must be after it.
+        self._floor, self._floor_known = (found.step if found else None), True
+        return found
+
+    def load(
+        self,
+        name: str = "model.pt",
+        map_location: Any = None,
+        *,
+        verify: str = "sizes",
+        **kwargs: Any,
+    ) -> Any:
+        """``torch.load`` of file ``name`` of :meth:`latest` (None when there
+        is no checkpoint); the counterpart of :meth:`save_async`."""
+        checkpoint = self.latest(verify)
+        if checkpoint is None:
+            return None
+        return checkpoint.load_file(name, map_location=map_location, **kwargs)
+
+    # --- saving --------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        force: bool = False,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> _Save:
+        """A context manager for the save of ``step``; every rank calls it.
+
+        ``with ckpt.save(step) as path:`` gives the temporary directory that
+        every rank writes into, or None when no save is due (see ``strategy``
+        and ``save_every``); leaving the block commits the checkpoint on every
+        rank, and an exception in it on any rank aborts it (nothing is
+        committed; the exception propagates, the other ranks raise
+        :class:`CheckpointError`). ``metrics`` (rank 0's) serve ``keep_best``;
+        ``metadata`` goes into the manifest.
+        """
+        if not isinstance(force, bool):
+            raise TypeError(f"force must be a bool, not {type(force).__name__}")
+        return _Save(
+            self,
+            _step(step),
+            force,
+            _json_dict(metrics, "metrics"),
+            _json_dict(metadata, "metadata"),
+        )
+
+    def _wants(self, step: int, force: bool) -> bool:
+        return force or self.save_every is None or step % self.save_every == 0
+
+    def _check_step(self, step: int) -> None:
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(
+                f"step {step} is not after step {self._last_step}, the last one saved: "
+                "steps must increase from one save to the next"
+            )
+        if not self._floor_known:
+            with warnings.catch_warnings():
+                if self.rank != 0:
+                    warnings.simplefilter("ignore")
+                newest = self.latest()
+            self._floor, self._floor_known = (newest.step if newest else None), True
+        if self._floor is not None and step <= self._floor:
+            raise ValueError(
+                f"{self.dir} already holds a checkpoint of step {self._floor}, which is not "
+                f"before step {step}: resume from ckpt.latest() and save later steps, or use "
+                "another directory"
+            )
+
+    def _begin(self, save: _Save) -> None:
+        self._raise_async_error()  # waits for a save_async in flight
+        with self._lock:
+            if self._active is not None:
+                raise RuntimeError(
+                    f"a save of step {self._active.step} is still open; leave its with-block first"
+                )
+            self._active = save
+        try:
+            wants = self._wants(save.step, save.force)
+            if self._coordinated:
+                coordinator = self._coordinator_()
+                save._round = coordinator.round
+                decision = coordinator.vote(
+                    save.step, wants, save.force, self.strategy, self._session
+                )
+            else:
+                token = f"{self._session}-{os.urandom(4).hex()}"
+                decision = _Decision(wants, save.step, save.force and wants, token)
+            if not decision.save:
+                self._active = None
+                return
+            # After the decision, so that every rank raises, not only those that asked.
+            self._check_step(decision.step)
+            save._decision = decision
+            if self.rank == 0:
+                self._remove_abandoned()
+            tmp = self.dir / f"step_{decision.step:08d}.tmp-{decision.token}"
+            _IN_PROGRESS.add(str(tmp))
+            tmp.mkdir(exist_ok=True)
+            save.path = tmp
+        except BaseException:
+            self._active = None
+            raise
+
+    def _end(self, save: _Save, exc: BaseException | None) -> None:
+        try:
+            if save._decision is None:
+                return
+            self._commit(save, exc)
+        finally:
+            self._active = None
+
+    def _commit(self, save: _Save, exc: BaseException | None) -> None:
+        decision = save._decision
+        assert decision is not None and save.path is not None
+        tmp = save.path
+        coordinator = self._coordinator if self._coordinated else None
+        n = save._round
+        try:
+            if exc is not None:
+                if coordinator is not None:
+                    with contextlib.suppress(Exception):
+                        coordinator.leave_block(n, f"{type(exc).__name__}: {exc}")
+                return
+            if coordinator is not None:
+                coordinator.leave_block(n, None)
+            rank, world = (0, 1) if coordinator is None else (coordinator.rank, coordinator.world)
+            report: dict[str, Any] = {"seen": {}, "hashed": {}, "error": None}
+            try:
+                report["seen"] = _walk(tmp)
+                report["hashed"] = _fsync_and_hash(tmp, sorted(report["seen"])[rank::world])
+            except Exception as e:
+                if coordinator is None:
+                    raise
+                report["error"] = f"rank {rank}: {type(e).__name__}: {e}"
+                if rank != 0:
+                    coordinator.report(n, report)
+                    raise
+                # Rank 0 goes on to tell the others why nothing is committed.
+            if coordinator is not None and rank != 0:
+                coordinator.report(n, report)
+                coordinator.committed(n)
+                final = self.dir / f"step_{decision.step:08d}"
+                manifest, _ = _read_manifest(final, decision.step)
+                save.checkpoint = Checkpoint(final, decision.step, manifest or {"files": {}})
+            else:
+                save.checkpoint = self._commit_rank0(save, decision, tmp, report, coordinator)
+            self._last_step = decision.step
+            exc = None
+            if coordinator is None or rank == 0:
+                self._prune(decision.step)
+        except BaseException as e:
+            exc = e
+            raise
+        finally:
+            _IN_PROGRESS.discard(str(tmp))
+            if exc is not None:
+                self._abandon(tmp, now=coordinator is None)
+
+    def _commit_rank0(
+        self,
+        save: _Save,
+        decision: _Decision,
+        tmp: Path,
+        report: dict[str, Any],
+        coordinator: _Coordinator | None,
+    ) -> Checkpoint:
+        n = save._round
+        try:
+            reports = [report]
+            if coordinator is not None and report["error"] is None:
+                reports += coordinator.reports(n)
+            errors = [r["error"] for r in reports if r.get("error")]
+            if errors:
+                raise CheckpointError("; ".join(errors))
+            checkpoint = self._write_commit(save, decision, tmp, reports)
+        except BaseException as e:
+            if coordinator is not None:
+                with contextlib.suppress(Exception):
+                    coordinator.announce(n, f"{type(e).__name__}: {e}")
+            raise
+        if coordinator is not None:
+            coordinator.announce(n, "ok")
+        return checkpoint
+
+    def _write_commit(
+        self, save: _Save, decision: _Decision, tmp: Path, reports: list[dict[str, Any]]
+    ) -> Checkpoint:
+        """Rank 0: the manifest, the rename, the ``latest`` pointer."""
+        files: dict[str, list] = {}
+        seen: set[str] = set()
+        for report in reports:
+            seen.update(report["seen"])
+            for name, entry in report["hashed"].items():
+                files[name] = entry
+        if MANIFEST in seen:
+            raise CheckpointError(
+                f"{tmp / MANIFEST} was written by the training code, but {MANIFEST} is the "
+                "checkpoint's own manifest: name that file differently"
+            )
+        missing = sorted(seen - set(files))
+        files.update(_fsync_and_hash(tmp, [n for n in missing if (tmp / n).exists()]))
+        for name in sorted(seen):
+            if name not in files:
+                raise CheckpointError(
+                    f"rank 0 does not see {tmp / name}, which another rank wrote: the "
+                    "checkpoint directory must be on a file system shared by every rank"
+                )
+            try:
+                size = os.stat(tmp / name).st_size
+            except FileNotFoundError:
+                size = -1
+            if size != files[name][0]:
+                raise CheckpointError(
+                    f"{tmp / name} changed while it was committed ({files[name][0]} bytes "
+                    f"hashed, {size} now): is something still writing it after the with-block?"
+                )
+        for directory in _subdirs(tmp):
+            _fsync(directory)  # subdirectories' entries; tmp's own after the manifest
+        now = time.time()
+        manifest = {
+            "format": FORMAT,
+            "step": decision.step,
+            "created": datetime.fromtimestamp(now, timezone.utc).isoformat(),
+            "created_unix": now,
+            "world_size": self.world_size if self._coordinated else 1,
+            "strategy": self.strategy,
+            "forced": decision.forced,
+            "metrics": save.metrics,
+            "metadata": save.metadata,
+            "files": {n: {"size": s, "blake3": h} for n, (s, h) in sorted(files.items())},
+        }
+        if not self._coordinated and self.world_size > 1:
+            manifest["rank"] = self.rank
+        manifest["blake3"] = _native.hash_bytes(_canonical(manifest))
+        _write_atomic(
+            tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        )
+        # Every file's entry and the manifest's are durable before the
+        # directory takes its final name: the rename is the commit.
+        _fsync(tmp)
+        final = self.dir / f"step_{decision.step:08d}"
+        aside = None
+        if final.exists():
+            if _verify(final, decision.step, full=True)[0] is not None:
+                raise CheckpointError(
+                    f"{final} appeared while step {decision.step} was being saved (another "
+                    'rank or process saves into this directory: with strategy="async" only '
+                    "one rank may save a given step)"
+                )
+            # A checkpoint of this step that did not verify (latest() skipped
+            # it): moved aside, then replaced.
+            aside = self.dir / f"{final.name}.old-{self._session}-{os.urandom(4).hex()}"
+            os.rename(final, aside)
+        os.rename(tmp, final)
+        _point_latest(self.dir, final.name, f"{self._session}-{os.urandom(4).hex()}")
+        _fsync(self.dir)
+        if aside is not None:
+            _remove(aside)
+        return Checkpoint(final, decision.step, manifest)
+
+    def _abandon(self, tmp: Path, now: bool) -> None:
+        """An aborted save's directory: removed now when no other rank may
+        still write into it, else by rank 0 at its next save."""
+        if now:
+            _remove(tmp)
+        elif self.rank == 0:
+            self._abandoned.append(tmp)
+
+    def _remove_abandoned(self) -> None:
+        while self._abandoned:
+            _remove(self._abandoned.pop())
+
+    def _prune(self, just_committed: int) -> None:
+        """Deletes what retention does not keep: committed checkpoints only,
+        never the newest, the one just committed, forced ones or unreadable ones."""
+        committed: dict[int, dict[str, Any] | None] = {}
+        paths = {}
+        for step, path in self._step_dirs():
+            manifest, _ = _read_manifest(path, step)
+            if manifest is None and not (path / MANIFEST).exists():
+                continue  # not a commit of ours: never touched
+            committed[step] = manifest
+            paths[step] = path
+        keep = _kept(committed, self.keep_last, self.keep_every, self.keep_best)
+        keep.add(just_committed)
+        for step in sorted(set(committed) - keep):
+            aside = self.dir / f"{paths[step].name}.old-{self._session}-{os.urandom(4).hex()}"
+            try:
+                os.rename(paths[step], aside)
+            except FileNotFoundError:
+                continue  # another rank ("async") pruned it first
+            except OSError as e:
+                # The new checkpoint is committed all the same: say so, do not raise.
+                warnings.warn(
+                    f"relaunch.Checkpointer: cannot delete old checkpoint {paths[step]}: {e}",
+                    stacklevel=4,
+                )
+                continue
+            _remove(aside)
+
+    def _clean_stale(self) -> None:
+        """Removes temporaries that crashed processes left behind: every one
+        when no other rank can be saving yet (rank 0 votes in every save of
+        a synchronized job), else only those of other attempts."""
+        now = time.time()
+        for entry in os.scandir(self.dir):
+            match = _TEMPORARY.match(entry.name)
+            if not match or entry.path in _IN_PROGRESS:
+                continue
+            if self.strategy == "async" and self.world_size > 1:
+                if self._session_known:
+                    if match.group(1) == self._session:
+                        continue
+                else:
+                    try:
+                        if now - entry.stat(follow_symlinks=False).st_mtime < _STALE_AGE:
+                            continue
+                    except FileNotFoundError:
+                        continue
+            _remove(Path(entry.path))
+
+    def _coordinator_(self) -> _Coordinator:
+        if self._coordinator is None:
+            store = self._store_arg
+            if store is None:
+                connected = _connect_store(self.timeout)
+                if connected is None:
+                    raise CheckpointError("no store to agree through (RELAUNCH_STORE is unset)")
+                store = connected[0]
+            self._coordinator = _Coordinator(
+                store, self._key_prefix, self.rank, self.world_size, self.timeout
+            )
+        return self._coordinator
+
+    # --- asynchronous saves --------------------------------------------------------
+
+    def save_async(
+        self,
+        state_dict: Any,
+        step: int,
+        name: str = "model.pt",
+        *,
+        force: bool = False,
+        metrics: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Saves ``state_dict`` as file ``name`` of checkpoint ``step`` in the background.
+
+        The caller is blocked only while the agreement runs and the tensors
+        are copied to CPU memory; a background thread then ``torch.save``s
+        the copy and commits, so the training loop may change the tensors at
+        once. The next save (either kind) waits for this one; an error in the
+        background is raised by the next call, :meth:`wait` or :meth:`close`.
+        Returns whether a save started (False when none is due). Every rank
+        calls it; in a multi-rank job give each rank its own ``name``. The CPU
+        copy is kept and reused by the next call (no allocation when the
+        state has the same tensors); :meth:`close` frees it.
+        """
+        if not isinstance(name, str) or not _safe_name(name) or name == MANIFEST:
+            raise ValueError(
+                f"name must be a relative file name inside the checkpoint, not {MANIFEST!r}, "
+                f"'..' or an absolute path; got {name!r}"
+            )
+        import torch
+
+        save = self.save(step, force, metrics=metrics, metadata=metadata)
+        path = save.__enter__()
+        if path is None:
+            save.__exit__(None, None, None)
+            return False
+        try:
+            state = self._stager.copy(state_dict, torch)
+        except BaseException as e:
+            save.__exit__(type(e), e, e.__traceback__)
+            raise
+        # Not a daemon: the interpreter waits for a save in flight before it exits.
+        thread = threading.Thread(
+            target=self._write_async,
+            args=(save, state, path / name, torch),
+            name=f"relaunch-checkpoint-{step}",
+        )
+        self._async, self._async_step = thread, step
+        with self._lock:
+            # The with-block is still open until the thread ends; the next
+            # save waits for the thread, so nothing else sees it as active.
+            self._active = None
+        thread.start()
+        return True
+
+    def _write_async(self, save: _Save, state: Any, file: Path, torch: Any) -> None:
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(state, file)
+        except BaseException as e:
+            with contextlib.suppress(BaseException):
+                self._commit(save, e)
+            self._async_error = e
+            return
+        try:
+            self._commit(save, None)
+        except BaseException as e:
+            self._async_error = e
+
+    @property
+    def pending(self) -> bool:
+        """Whether a :meth:`save_async` is still writing or committing."""
+        return self._async is not None and self._async.is_alive()
+
+    def _wait_async(self) -> None:
+        if self._async is not None:
+            self._async.join()
+            self._async = None
+
+    def _raise_async_error(self) -> None:
+        self._wait_async()
+        error, self._async_error = self._async_error, None
+        if error is not None:
+            raise CheckpointError(
+                f"the background save of step {self._async_step} failed, so it was not "
+                f"committed: {type(error).__name__}: {error}"
+            ) from error
+
+    def wait(self) -> None:
+        """Waits for a :meth:`save_async` in flight; raises its error, if any."""
+        self._raise_async_error()
+
+    def close(self) -> None:
+        """Waits for a :meth:`save_async` in flight (raising its error), frees
+        its CPU copy and removes what aborted saves left."""
+        try:
+            self._raise_async_error()
+        finally:
+            self._stager = _Stager()  # lets go of the CPU copy
+            if self.rank == 0:
+                self._remove_abandoned()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
