@@ -17,6 +17,7 @@ from relaunch.errors import (
     TrackingRejectedError,
     TrackingTimeoutError,
 )
+from relaunch.files import download, upload_file
 from relaunch.store import Store
 from relaunch.tracking import Run, init
 
@@ -46,5 +47,7 @@ __all__ = [
     "TrackingRejectedError",
     "TrackingTimeoutError",
     "__version__",
+    "download",
     "init",
+    "upload_file",
 ]

@@ -1,5 +1,7 @@
 """Type stubs for the native module, written by hand to mirror crates/relaunch-py."""
 
+from typing import Any
+
 __version__: str
 
 def cli_main(argv: list[str], python: str | None = None) -> int:
@@ -72,3 +74,10 @@ class Run:
     def finish(self, timeout: float | None = None, error: str | None = None) -> None: ...
     def close(self) -> None: ...
     def _disown(self) -> None: ...
+
+def upload_file(
+    server: str, token: str | None, run: str, path: str, name: str
+) -> dict[str, Any]: ...
+def download_file(
+    server: str, token: str | None, run: str, name: str, dest: str
+) -> dict[str, Any]: ...

@@ -5,6 +5,7 @@ mod blocking;
 mod errors;
 mod store;
 mod tracking;
+mod transfer;
 
 use pyo3::prelude::*;
 
@@ -31,6 +32,8 @@ mod _native {
     use super::store::Store;
     #[pymodule_export]
     use super::tracking::Run;
+    #[pymodule_export]
+    use super::transfer::{download_file, upload_file};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
