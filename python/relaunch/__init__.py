@@ -21,6 +21,7 @@ from relaunch.errors import (
     TrackingRejectedError,
     TrackingTimeoutError,
 )
+from relaunch.files import download, upload_file
 from relaunch.store import Store
 from relaunch.tracking import Run, init
 
@@ -62,5 +63,7 @@ __all__ = [
     "TrackingRejectedError",
     "TrackingTimeoutError",
     "__version__",
+    "download",
     "init",
+    "upload_file",
 ]

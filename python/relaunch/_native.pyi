@@ -1,6 +1,7 @@
 """Type stubs for the native module, written by hand to mirror crates/relaunch-py."""
 
 import os
+from typing import Any
 
 __version__: str
 
@@ -80,3 +81,10 @@ def hash_file(path: str | os.PathLike[str]) -> str:
 
 def hash_bytes(data: bytes) -> str:
     """BLAKE3 of ``data``, hex."""
+
+def upload_file(
+    server: str, token: str | None, run: str, path: str, name: str
+) -> dict[str, Any]: ...
+def download_file(
+    server: str, token: str | None, run: str, name: str, dest: str
+) -> dict[str, Any]: ...

@@ -4,10 +4,12 @@
 //! crate and never on each other.
 
 pub mod batch;
+pub mod files;
 pub mod names;
 pub mod types;
 
 pub use batch::{Batch, BatchError, Record};
+pub use files::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
 pub use types::*;
 
 /// Every path starts with this.

@@ -54,6 +54,67 @@ pub enum Command {
     Metrics(MetricsArgs),
     /// Ship runs logged offline, or left behind by processes that died, to a tracking server.
     Sync(SyncArgs),
+    /// A run's files on a tracking server: list, upload, download.
+    #[command(subcommand)]
+    Files(FilesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCommand {
+    /// List a run's files.
+    Ls(FilesLsArgs),
+    /// Upload a file to a run; only the chunks the server lacks are sent, and an interrupted
+    /// upload resumes.
+    Put(FilesPutArgs),
+    /// Download a run's file; an interrupted download resumes, and the result is checked.
+    Get(FilesGetArgs),
+}
+
+/// Options of `relaunch files ls`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct FilesLsArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: ListFormat,
+}
+
+/// Options of `relaunch files put`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct FilesPutArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// The file to upload.
+    pub path: PathBuf,
+
+    /// Its name in the run, a relative path like ckpt/model.pt [default: the file's name].
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// Options of `relaunch files get`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct FilesGetArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// The file's name in the run.
+    pub name: String,
+
+    /// Where to write it [default: its name's last part, here].
+    pub dest: Option<PathBuf>,
 }
 
 /// Options of `relaunch server`.

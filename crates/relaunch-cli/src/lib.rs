@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 pub use cli::{
-    Cli, Command, DoctorArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs,
-    RunsShowArgs, ServeArgs, ServerArgs, ServerConnection, StoreCommand, SyncArgs,
+    Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs, FilesPutArgs, LogsArgs,
+    MetricsArgs, RunArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServeArgs, ServerArgs,
+    ServerConnection, StoreCommand, SyncArgs,
 };
 
 /// What the caller knows that the command line does not say.
@@ -77,6 +78,9 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
         Command::Logs(args) => commands::logs::run(args),
         Command::Metrics(args) => commands::metrics::run(args),
         Command::Sync(args) => commands::sync::run(args),
+        Command::Files(FilesCommand::Ls(args)) => commands::files::ls(args),
+        Command::Files(FilesCommand::Put(args)) => commands::files::put(args),
+        Command::Files(FilesCommand::Get(args)) => commands::files::get(args),
     }
 }
 

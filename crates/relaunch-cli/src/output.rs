@@ -33,6 +33,25 @@ pub(crate) fn data(text: &str) -> anyhow::Result<bool> {
     }
 }
 
+/// A transfer's progress bar on stderr, drawn only when stderr is a
+/// terminal (nothing in files, pipes and CI logs). `set_position` /
+/// `set_length` as bytes go; `finish_and_clear` at the end.
+pub(crate) fn transfer_bar(what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal as _;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(what.to_owned());
+    bar
+}
+
 /// The final error of a failed command, with its chain of causes; a cause
 /// whose text the message already holds is not repeated.
 pub(crate) fn error(e: &anyhow::Error) {

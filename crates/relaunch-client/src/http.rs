@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
+use relaunch_api::files::check_file_name;
 use relaunch_api::{
-    API_PREFIX, Ack, ApiError, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit,
-    RunPatch, Series, SeriesQuery,
+    API_PREFIX, Ack, ApiError, ChunkQuery, Event, FileInfo, FileManifest, Health, Latest, LogLine,
+    MissingChunks, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -218,6 +219,93 @@ impl Client {
         .await
     }
 
+    /// Those of `hashes` the server does not have.
+    pub async fn missing_chunks(&self, hashes: Vec<String>) -> Result<Vec<String>, ClientError> {
+        let answer: MissingChunks = self
+            .call(
+                "the chunk query",
+                self.request(Method::POST, "/chunks/missing")
+                    .json(&ChunkQuery { chunks: hashes }),
+            )
+            .await?;
+        Ok(answer.missing)
+    }
+
+    /// Uploads one chunk; the server stores it only if `hash` is its BLAKE3.
+    pub async fn put_chunk(&self, hash: &str, data: Vec<u8>) -> Result<(), ClientError> {
+        relaunch_api::files::check_hash(hash).map_err(ClientError::Config)?;
+        let request = self
+            .request(Method::PUT, &format!("/chunks/{hash}"))
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(data);
+        self.send("a chunk", request).await.map(drop)
+    }
+
+    /// Makes a file of chunks the server has visible in the run.
+    pub async fn commit_file(
+        &self,
+        run: &str,
+        manifest: &FileManifest,
+    ) -> Result<FileInfo, ClientError> {
+        check_file_name(&manifest.name).map_err(ClientError::Config)?;
+        self.call(
+            "the file",
+            self.run_request(Method::POST, run, "/files")?
+                .json(manifest),
+        )
+        .await
+    }
+
+    /// The run's files.
+    pub async fn files(&self, run: &str) -> Result<Vec<FileInfo>, ClientError> {
+        self.call(
+            "listing files",
+            self.run_request(Method::GET, run, "/files")?,
+        )
+        .await
+    }
+
+    /// The response to a download of `name` from byte `from` on (a `Range`
+    /// request when `from > 0`), checked to be a success.
+    pub async fn download(
+        &self,
+        run: &str,
+        name: &str,
+        from: u64,
+    ) -> Result<reqwest::Response, ClientError> {
+        check_file_name(name).map_err(ClientError::Config)?;
+        let mut request = self.run_request(Method::GET, run, &format!("/files/{name}"))?;
+        if from > 0 {
+            request = request.header(reqwest::header::RANGE, format!("bytes={from}-"));
+        }
+        self.send("the download", request).await
+    }
+
+    /// Sends `request`; a response that is not a success becomes the error
+    /// the server's body explains.
+    async fn send(
+        &self,
+        what: &str,
+        request: RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        Err(ClientError::Status {
+            status: status.as_u16(),
+            what: what.to_owned(),
+            message: error_message(status, &body),
+        })
+    }
+
+    /// What a failed read of a response body becomes.
+    pub fn body_error(&self, e: &reqwest::Error) -> ClientError {
+        self.unreachable(e)
+    }
+
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.base));
         match &self.token {
@@ -272,11 +360,52 @@ impl Client {
             reason.push_str(&inner.to_string());
             source = inner.source();
         }
+        if let Some((var, proxy)) = proxy_for(self.url()) {
+            reason.push_str(&format!(
+                " (through the proxy {proxy} that {var} names; add the server's host to \
+                 NO_PROXY to bypass it)"
+            ));
+        }
         ClientError::Unreachable {
             url: self.url().to_owned(),
             reason,
         }
     }
+}
+
+/// The proxy variable that applies to `url` and its value, if any is set
+/// (as reqwest reads them), for messages.
+fn proxy_for(url: &str) -> Option<(&'static str, String)> {
+    let https = url.starts_with("https:");
+    let names: &[&'static str] = if https {
+        &["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
+    } else {
+        &["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+    };
+    let host = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split(['/', ':']).next())
+        .unwrap_or_default();
+    let bypassed = ["no_proxy", "NO_PROXY"].iter().any(|name| {
+        std::env::var(name).is_ok_and(|list| {
+            list.split(',').map(str::trim).any(|entry| {
+                entry == "*"
+                    || (!entry.is_empty()
+                        && (host == entry.trim_start_matches('.')
+                            || host.ends_with(&format!(".{}", entry.trim_start_matches('.')))))
+            })
+        })
+    });
+    if bypassed {
+        return None;
+    }
+    names.iter().find_map(|name| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (*name, v))
+    })
 }
 
 /// The server's own message, or what the body shows (a proxy's page).

@@ -6,6 +6,7 @@
 
 pub mod env;
 pub mod error;
+pub mod files;
 pub mod http;
 pub mod local;
 pub mod run;

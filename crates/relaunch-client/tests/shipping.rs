@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use relaunch_api::SeriesQuery;
 use relaunch_client::sync::{Outcome, SyncOptions, sync};
 use relaunch_client::{ErrorKind, Run, RunOptions};
-use relaunch_server::AppState;
 use relaunch_server::storage::Storage;
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::{AppState, FileStore};
 
 struct TestServer {
     addr: SocketAddr,
@@ -27,7 +27,13 @@ impl TestServer {
     fn start(addr: SocketAddr, token: Option<&str>, max_request_bytes: usize) -> Self {
         let data = temp_dir("server");
         let storage = Arc::new(SqliteStorage::open(&data, Durability::Process).unwrap());
-        let state = AppState::new(storage.clone(), token.map(Into::into), max_request_bytes);
+        let files = FileStore::open_dir(&data, Durability::Process).unwrap();
+        let state = AppState::new(
+            storage.clone(),
+            files,
+            token.map(Into::into),
+            max_request_bytes,
+        );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let listener = std::net::TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();

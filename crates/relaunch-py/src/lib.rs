@@ -6,6 +6,7 @@ mod errors;
 mod files;
 mod store;
 mod tracking;
+mod transfer;
 
 use pyo3::prelude::*;
 
@@ -34,6 +35,8 @@ mod _native {
     use super::store::Store;
     #[pymodule_export]
     use super::tracking::Run;
+    #[pymodule_export]
+    use super::transfer::{download_file, upload_file};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

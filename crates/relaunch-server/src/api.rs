@@ -25,7 +25,7 @@ use crate::storage::{Storage, StorageError};
 /// Longest `?wait=` of a log follow.
 const MAX_FOLLOW: Duration = Duration::from_secs(60);
 
-fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -55,7 +55,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RunId {
 }
 
 /// Runs a storage call on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     storage: &Arc<dyn Storage>,
     f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
 ) -> Result<T, AppError> {
@@ -69,16 +69,27 @@ async fn blocking<T: Send + 'static>(
 /// Reads a body up to the server's limit, refusing a larger one with a 413
 /// that names the limit and how to raise it. Reading takes as long as the
 /// client takes: a slow upload that keeps sending is never cut off.
-async fn read_body(
-    state: &AppState,
+async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, AppError> {
+    read_limited(
+        headers,
+        body,
+        state.max_request_bytes,
+        "send smaller batches, or restart the server with a larger --max-request-bytes",
+    )
+    .await
+}
+
+/// Reads a body of at most `limit` bytes; a larger one gets a 413 naming
+/// the limit, then `what_to_do`.
+pub(crate) async fn read_limited(
     headers: &HeaderMap,
     mut body: Body,
+    limit: usize,
+    what_to_do: &str,
 ) -> Result<Bytes, AppError> {
-    let limit = state.max_request_bytes;
     let too_large = |size: String| {
         AppError::TooLarge(format!(
-            "request body of {size} exceeds the server's limit of {limit} bytes; send smaller \
-             batches, or restart the server with a larger --max-request-bytes"
+            "request body of {size} exceeds the server's limit of {limit} bytes; {what_to_do}"
         ))
     };
     let declared = headers
@@ -104,7 +115,10 @@ async fn read_body(
     Ok(buf.freeze())
 }
 
-fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, AppError> {
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, AppError> {
     serde_json::from_slice(bytes).map_err(|e| {
         AppError::BadRequest(format!("{what} is not valid JSON for this request: {e}"))
     })

@@ -21,6 +21,8 @@ pub enum AppError {
     #[error("{0}")]
     TooLarge(String),
     #[error("{0}")]
+    RangeNotSatisfiable(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -32,6 +34,7 @@ impl AppError {
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::RangeNotSatisfiable(_) => (StatusCode::RANGE_NOT_SATISFIABLE, "bad_range"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

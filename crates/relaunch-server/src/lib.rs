@@ -5,6 +5,7 @@
 
 mod api;
 mod error;
+pub mod files;
 pub mod names;
 pub mod storage;
 
@@ -16,11 +17,12 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::watch;
 
 pub use error::AppError;
+pub use files::FileStore;
 pub use storage::Storage;
 
 /// The environment variable that holds the access token.
@@ -33,6 +35,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Clone)]
 pub struct AppState {
     storage: Arc<dyn Storage>,
+    files: FileStore,
     token: Option<Arc<str>>,
     max_request_bytes: usize,
     /// Bumped whenever console lines arrive; log follows wait on it.
@@ -50,9 +53,15 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    pub fn new(storage: Arc<dyn Storage>, token: Option<String>, max_request_bytes: usize) -> Self {
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        files: FileStore,
+        token: Option<String>,
+        max_request_bytes: usize,
+    ) -> Self {
         Self {
             storage,
+            files,
             token: token.map(Into::into),
             max_request_bytes,
             logs_changed: Arc::new(watch::channel(0).0),
@@ -72,6 +81,13 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/latest", get(api::latest))
         .route("/runs/{id}/logs", get(api::logs))
         .route("/runs/{id}/events", get(api::events))
+        .route("/runs/{id}/files", post(files::commit).get(files::list))
+        .route(
+            "/runs/{id}/files/{*name}",
+            get(files::download).put(files::put_file),
+        )
+        .route("/chunks/missing", post(files::missing))
+        .route("/chunks/{hash}", put(files::put_chunk))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let open = Router::new()
         .route("/health", get(api::health))

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use relaunch_api::{Ack, ApiError, Batch, Record, RunInfo, Series};
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
-use relaunch_server::{AppState, router};
+use relaunch_server::{AppState, FileStore, router};
 use tower::ServiceExt as _;
 
 struct Server {
@@ -26,7 +26,12 @@ impl Server {
         ));
         let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
         Self {
-            state: AppState::new(storage, token.map(Into::into), max_request_bytes),
+            state: AppState::new(
+                storage,
+                FileStore::open_dir(&dir, Durability::Process).unwrap(),
+                token.map(Into::into),
+                max_request_bytes,
+            ),
             dir,
         }
     }
@@ -328,4 +333,202 @@ async fn a_log_follow_wakes_when_lines_arrive() {
         .unwrap();
     let got: Vec<relaunch_api::LogLine> = serde_json::from_slice(&body).unwrap();
     assert_eq!(got[0].text, "hi");
+}
+
+// --- files ---------------------------------------------------------------
+
+fn hex(data: &[u8]) -> String {
+    blake3::hash(data).to_hex().to_string()
+}
+
+impl Server {
+    async fn put_chunk(&self, hash: &str, data: &[u8]) -> (StatusCode, Vec<u8>) {
+        self.send(
+            Request::builder()
+                .method("PUT")
+                .uri(format!("/api/v1/chunks/{hash}"))
+                .body(Body::from(data.to_vec()))
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn range(&self, uri: &str, range: &str) -> (StatusCode, Vec<u8>, Option<String>) {
+        let response = router(self.state.clone())
+            .oneshot(
+                Request::builder()
+                    .uri(uri)
+                    .header(header::RANGE, range)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = response.status();
+        let content_range = response
+            .headers()
+            .get(header::CONTENT_RANGE)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, body.to_vec(), content_range)
+    }
+}
+
+#[tokio::test]
+async fn a_file_is_committed_from_its_chunks_and_read_back_in_ranges() {
+    let server = Server::new(None, 1 << 20);
+    let (status, _) = server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+    let manifest = serde_json::json!({
+        "name": "ckpt/model.pt",
+        "size": 1500,
+        "blake3": hex(&whole),
+        "chunks": [{"hash": hex(&a), "size": 1000}, {"hash": hex(&b), "size": 500}],
+    });
+
+    let (status, body) = server
+        .json(
+            "POST",
+            "/api/v1/chunks/missing",
+            serde_json::json!({"chunks": [hex(&a), hex(&b)]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let missing: relaunch_api::MissingChunks = serde_json::from_slice(&body).unwrap();
+    assert_eq!(missing.missing, [hex(&a), hex(&b)]);
+
+    // Not visible before every chunk is in.
+    assert_eq!(
+        server.put_chunk(&hex(&a), &a).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, body) = server
+        .json("POST", "/api/v1/runs/r/files", manifest.clone())
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        error(&body)
+            .error
+            .contains("1 of the file's 2 chunks are not on the server")
+    );
+    assert_eq!(
+        server.get("/api/v1/runs/r/files/ckpt/model.pt").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // A chunk whose bytes do not match its name is refused.
+    let (status, body) = server.put_chunk(&hex(&b), b"tampered").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body).error.contains("damaged on the way"),
+        "{}",
+        error(&body).error
+    );
+
+    assert_eq!(
+        server.put_chunk(&hex(&b), &b).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, _) = server.json("POST", "/api/v1/runs/r/files", manifest).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = server.get("/api/v1/runs/r/files/ckpt/model.pt").await;
+    assert_eq!((status, body), (StatusCode::OK, whole.clone()));
+    let (status, body, range) = server
+        .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=990-1009")
+        .await;
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(body, whole[990..1010]);
+    assert_eq!(range.as_deref(), Some("bytes 990-1009/1500"));
+    let (status, _, range) = server
+        .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=1500-")
+        .await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(range.as_deref(), Some("bytes */1500"));
+
+    let (_, body) = server.get("/api/v1/runs/r/files").await;
+    let files: Vec<relaunch_api::FileInfo> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!((files[0].size, files[0].chunks), (1500, 2));
+}
+
+#[tokio::test]
+async fn bad_file_requests_get_clear_errors() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let data = vec![7u8; 10];
+    let good = serde_json::json!({"hash": hex(&data), "size": 10});
+    for (manifest, says) in [
+        (
+            serde_json::json!({"name": "../x", "size": 10, "blake3": hex(&data), "chunks": [good]}),
+            "file name",
+        ),
+        (
+            serde_json::json!({"name": "/abs", "size": 10, "blake3": hex(&data), "chunks": [good]}),
+            "file name",
+        ),
+        (
+            serde_json::json!({"name": "x", "size": 11, "blake3": hex(&data), "chunks": [good]}),
+            "add up to 10 bytes",
+        ),
+        (
+            serde_json::json!({"name": "x", "size": 10, "blake3": "zz", "chunks": [good]}),
+            "not a BLAKE3 hash",
+        ),
+        (
+            serde_json::json!({"name": "x", "size": 0, "blake3": hex(&data), "chunks": [{"hash": hex(&data), "size": 0}]}),
+            "1 to",
+        ),
+        (serde_json::json!({"name": "x"}), "not valid JSON"),
+    ] {
+        let (status, body) = server
+            .json("POST", "/api/v1/runs/r/files", manifest.clone())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{manifest}");
+        assert!(
+            error(&body).error.contains(says),
+            "{manifest}: {}",
+            error(&body).error
+        );
+    }
+    let (status, body) = server.put_chunk("../../etc/passwd", &data).await;
+    assert!(status.is_client_error(), "{status}");
+    assert!(!body.is_empty());
+    let big = vec![0u8; relaunch_api::files::CHUNK_MAX + 1];
+    let (status, body) = server.put_chunk(&hex(&big), &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(error(&body).error.contains("4194304 bytes"));
+    for path in [
+        "/api/v1/runs/r/files/..%2f..%2fetc/passwd",
+        "/api/v1/runs/r/files/a//b",
+        "/api/v1/runs/nope/files/x",
+    ] {
+        let (status, body) = server.get(path).await;
+        assert!(status.is_client_error(), "{path}: {status}");
+        assert!(!error(&body).error.is_empty());
+    }
+    let (status, body) = server
+        .json(
+            "POST",
+            "/api/v1/chunks/missing",
+            serde_json::json!({"chunks": ["nope"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("64 lowercase hex digits"));
 }

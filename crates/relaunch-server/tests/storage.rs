@@ -542,3 +542,50 @@ fn attempts_are_ordered_by_when_they_started_not_when_they_arrived() {
         assert_eq!((latest[0].step, latest[0].attempt), (79, 0));
     });
 }
+
+#[test]
+fn a_committed_file_replaces_the_one_of_the_same_name_whole() {
+    use relaunch_api::{ChunkRef, FileManifest};
+    each_backend(|s, _| {
+        let file = |name: &str, hashes: &[char]| FileManifest {
+            name: name.into(),
+            size: 10 * hashes.len() as u64,
+            blake3: "f".repeat(64),
+            chunks: hashes
+                .iter()
+                .map(|c| ChunkRef {
+                    hash: c.to_string().repeat(64),
+                    size: 10,
+                })
+                .collect(),
+        };
+        assert!(matches!(
+            s.commit_file("nope", &file("a", &['a']), 1.0),
+            Err(StorageError::NotFound(_))
+        ));
+        s.open_run(&init("p", Some("r"), "t"), 1.0).unwrap();
+        s.commit_file("r", &file("b/model.pt", &['a', 'b']), 2.0)
+            .unwrap();
+        s.commit_file("r", &file("a.txt", &['c']), 3.0).unwrap();
+        s.commit_file("r", &file("b/model.pt", &['d', 'e', 'f']), 4.0)
+            .unwrap();
+        let names: Vec<_> = s
+            .files("r")
+            .unwrap()
+            .into_iter()
+            .map(|f| (f.name, f.chunks))
+            .collect();
+        assert_eq!(
+            names,
+            [("a.txt".to_owned(), 1), ("b/model.pt".to_owned(), 3)]
+        );
+        let (info, chunks) = s.file("r", "b/model.pt").unwrap();
+        assert_eq!((info.size, info.created_at), (30, 4.0));
+        let hashes: String = chunks.iter().map(|c| &c.hash[..1]).collect();
+        assert_eq!(hashes, "def");
+        assert!(matches!(
+            s.file("r", "missing"),
+            Err(StorageError::NotFound(_))
+        ));
+    });
+}

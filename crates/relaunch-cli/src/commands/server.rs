@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
-use relaunch_server::{AppState, TOKEN_ENV, check_exposure};
+use relaunch_server::{AppState, FileStore, TOKEN_ENV, check_exposure};
 
 use crate::cli::{DurabilityArg, ServerArgs};
 use crate::output;
@@ -46,7 +46,10 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
                 format!("cannot open the data directory {}", args.data_dir.display())
             })?,
         );
-        let state = AppState::new(storage.clone(), token, args.max_request_bytes);
+        let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
+            format!("cannot open the file store in {}", args.data_dir.display())
+        })?;
+        let state = AppState::new(storage.clone(), files, token, args.max_request_bytes);
         output::status(&format!(
             "relaunch server: http://{addr} (data in {})",
             args.data_dir.display()

@@ -2,12 +2,14 @@
 //! trait that the HTTP handlers use, and its backends. Every backend passes
 //! the same conformance suite (`tests/storage.rs`).
 
+pub mod blobs;
 pub mod chunk;
 pub mod downsample;
 pub mod sqlite;
 
 use relaunch_api::{
-    Ack, Batch, Event, Latest, LogLine, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
+    Ack, Batch, ChunkRef, Event, FileInfo, FileManifest, Latest, LogLine, RunFilter, RunInfo,
+    RunInit, RunPatch, Series, SeriesQuery,
 };
 
 /// The kind of a storage failure, for the HTTP status and for retries.
@@ -75,4 +77,20 @@ pub trait Storage: Send + Sync + 'static {
     ) -> Result<Vec<LogLine>, StorageError>;
 
     fn events(&self, run: &str) -> Result<Vec<Event>, StorageError>;
+
+    /// Makes `file` visible in the run, replacing a file of the same name,
+    /// in one step: a reader sees the old file or the new one, whole. The
+    /// caller has checked that every chunk is stored.
+    fn commit_file(
+        &self,
+        run: &str,
+        file: &FileManifest,
+        now: f64,
+    ) -> Result<FileInfo, StorageError>;
+
+    /// The run's files, by name.
+    fn files(&self, run: &str) -> Result<Vec<FileInfo>, StorageError>;
+
+    /// One file and its chunks, in order.
+    fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError>;
 }

@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
 use relaunch_api::{
-    Ack, Batch, DEFAULT_PROJECT, Event, Latest, LogLine, Record, RunFilter, RunInfo, RunInit,
-    RunPatch, RunStatus, Series, SeriesQuery, Stream,
+    Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine, Record,
+    RunFilter, RunInfo, RunInit, RunPatch, RunStatus, Series, SeriesQuery, Stream,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
@@ -127,6 +127,17 @@ CREATE TABLE IF NOT EXISTS events (
     data    TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS files (
+    run_id     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    size       INTEGER NOT NULL,
+    blake3     TEXT NOT NULL,
+    -- JSON array of {hash, size}, in order.
+    chunks     TEXT NOT NULL,
+    n_chunks   INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
 ";
 
 /// A write request for the writer thread: its SQL runs in a savepoint; what
@@ -687,10 +698,100 @@ impl Storage for SqliteStorage {
             Ok(rows)
         })
     }
+
+    fn commit_file(
+        &self,
+        run: &str,
+        file: &FileManifest,
+        now: f64,
+    ) -> Result<FileInfo, StorageError> {
+        let (run, file, now) = (run.to_owned(), file.clone(), now_or(now));
+        self.write(move |conn| {
+            get_run(conn, &run)?;
+            let chunks = serde_json::to_string(&file.chunks)
+                .map_err(|e| StorageError::Invalid(e.to_string()))?;
+            conn.execute(
+                "INSERT OR REPLACE INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    run,
+                    file.name,
+                    i64::try_from(file.size).unwrap_or(i64::MAX),
+                    file.blake3,
+                    chunks,
+                    file.chunks.len() as i64,
+                    now
+                ],
+            )
+            .map_err(backend)?;
+            conn.execute(
+                "UPDATE runs SET updated_at = ?2 WHERE id = ?1",
+                params![run, now],
+            )
+            .map_err(backend)?;
+            Ok(FileInfo {
+                name: file.name,
+                size: file.size,
+                blake3: file.blake3,
+                chunks: file.chunks.len() as u64,
+                created_at: now,
+            })
+        })
+    }
+
+    fn files(&self, run: &str) -> Result<Vec<FileInfo>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT name, size, blake3, n_chunks, created_at FROM files
+                     WHERE run_id = ?1 ORDER BY name",
+                )
+                .map_err(backend)?;
+            let rows = stmt.query_map(params![run], file_row).map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let found = conn
+                .query_row(
+                    "SELECT name, size, blake3, n_chunks, created_at, chunks FROM files
+                     WHERE run_id = ?1 AND name = ?2",
+                    params![run, name],
+                    |row| Ok((file_row(row)?, row.get::<_, String>(5)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            let Some((info, chunks)) = found else {
+                return Err(StorageError::NotFound(format!(
+                    "run {run:?} has no file {name:?}"
+                )));
+            };
+            let chunks: Vec<ChunkRef> = serde_json::from_str(&chunks).map_err(|e| {
+                StorageError::Corrupt(format!(
+                    "the chunk list of file {name:?} of run {run:?}: {e}"
+                ))
+            })?;
+            Ok((info, chunks))
+        })
+    }
 }
 
 /// `path=value` of a param filter: the JSON path for `json_extract` and the
 /// value, as JSON when it parses, else as text.
+fn file_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {
+    Ok(FileInfo {
+        name: row.get(0)?,
+        size: row.get::<_, i64>(1)?.max(0) as u64,
+        blake3: row.get(2)?,
+        chunks: row.get::<_, i64>(3)?.max(0) as u64,
+        created_at: row.get(4)?,
+    })
+}
+
 fn parse_param(text: &str) -> Result<(String, rusqlite::types::Value), StorageError> {
     let (path, value) = text.split_once('=').ok_or_else(|| {
         StorageError::Invalid(format!(

@@ -1,0 +1,118 @@
+//! `relaunch files ls|put|get`: a run's files on a tracking server.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use relaunch_client::files::{download, upload};
+
+use crate::cli::{FilesGetArgs, FilesLsArgs, FilesPutArgs, ListFormat};
+use crate::render::{age, now, table};
+use crate::{output, tracking};
+
+pub(crate) fn ls(args: &FilesLsArgs) -> anyhow::Result<u8> {
+    let client = tracking::connect(&args.connection)?;
+    let files = tracking::block_on(client.files(&args.run))?
+        .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
+    let text = match args.format {
+        ListFormat::Table => {
+            if files.is_empty() {
+                output::status(&format!("run {} has no files", args.run));
+            }
+            let now = now();
+            let rows: Vec<Vec<String>> = files
+                .iter()
+                .map(|f| {
+                    vec![
+                        f.name.clone(),
+                        f.size.to_string(),
+                        f.chunks.to_string(),
+                        age(f.created_at, now),
+                        f.blake3.clone(),
+                    ]
+                })
+                .collect();
+            table(&["NAME", "BYTES", "CHUNKS", "SAVED", "BLAKE3"], &rows)
+        }
+        ListFormat::Json => {
+            let mut text = serde_json::to_string_pretty(&files).context("cannot write JSON")?;
+            text.push('\n');
+            text
+        }
+    };
+    output::data(&text)?;
+    Ok(0)
+}
+
+pub(crate) fn put(args: &FilesPutArgs) -> anyhow::Result<u8> {
+    let client = tracking::connect(&args.connection)?;
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => args
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .with_context(|| {
+                format!(
+                    "{} has no file name; give one with --name",
+                    args.path.display()
+                )
+            })?,
+    };
+    if !args.path.is_file() {
+        anyhow::bail!(
+            "{} is not a file; `relaunch files put` uploads one file",
+            args.path.display()
+        );
+    }
+    let bar = output::transfer_bar(&format!("uploading {name}"));
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let uploaded = tracking::block_on(upload(&client, &args.run, &args.path, &name, &progress))?
+        .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
+    bar.finish_and_clear();
+    output::text(&format!(
+        "{name}: {} bytes in {} chunks, {} sent ({} bytes), the rest already on {}",
+        uploaded.file.size,
+        uploaded.chunks,
+        uploaded.sent_chunks,
+        uploaded.sent_bytes,
+        client.url()
+    ));
+    Ok(0)
+}
+
+pub(crate) fn get(args: &FilesGetArgs) -> anyhow::Result<u8> {
+    let client = tracking::connect(&args.connection)?;
+    let dest = match &args.dest {
+        Some(dest) if dest.is_dir() => dest.join(last_part(&args.name)),
+        Some(dest) => dest.clone(),
+        None => PathBuf::from(last_part(&args.name)),
+    };
+    let bar = output::transfer_bar(&format!("downloading {}", args.name));
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let got = tracking::block_on(download(&client, &args.run, &args.name, &dest, &progress))?
+        .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
+    bar.finish_and_clear();
+    let resumed = if got.resumed_from > 0 {
+        format!(" (resumed at byte {})", got.resumed_from)
+    } else {
+        String::new()
+    };
+    output::text(&format!(
+        "{}: {} bytes to {}{resumed}, BLAKE3 {} verified",
+        args.name,
+        got.size,
+        dest.display(),
+        got.blake3
+    ));
+    Ok(0)
+}
+
+fn last_part(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}

@@ -1,0 +1,481 @@
+//! The handlers of a run's files and of the chunks they are made of.
+//!
+//! - `POST /chunks/missing`: which of these hashes are not stored;
+//! - `PUT /chunks/{hash}`: one chunk, stored only if its BLAKE3 is `hash`;
+//! - `POST /runs/{id}/files`: commit a file as its list of chunks, all of
+//!   which must be stored; the file becomes visible whole, at once;
+//! - `GET /runs/{id}/files`: the run's files;
+//! - `GET /runs/{id}/files/{name}`: the bytes, streamed chunk by chunk, with
+//!   `Range` support (a download resumes where it stopped);
+//! - `PUT /runs/{id}/files/{name}`: a plain streaming upload (`curl -T`):
+//!   the body goes to a scratch file, is cut into chunks like the client
+//!   does, and committed; memory stays bounded whatever its size.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt as _;
+use relaunch_api::files::{
+    CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MAX_MISSING_QUERY, check_file_name, check_hash,
+};
+use relaunch_api::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
+
+use crate::AppState;
+use crate::api::{RunId, json_body, now, read_limited};
+use crate::error::AppError;
+use crate::names::check_name;
+use crate::storage::StorageError;
+use crate::storage::blobs::{BlobStore, DirBlobs};
+use crate::storage::sqlite::Durability;
+
+/// Where files' bytes go: the chunks, and a scratch directory for plain
+/// uploads being received.
+#[derive(Clone)]
+pub struct FileStore {
+    blobs: Arc<dyn BlobStore>,
+    scratch: PathBuf,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("scratch", &self.scratch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileStore {
+    /// `blobs`, with plain uploads received into `scratch` (created; what an
+    /// interrupted upload left there is removed).
+    pub fn new(blobs: Arc<dyn BlobStore>, scratch: PathBuf) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(&scratch).map_err(|e| {
+            StorageError::Backend(format!("cannot create {}: {e}", scratch.display()))
+        })?;
+        if let Ok(entries) = std::fs::read_dir(&scratch) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(Self { blobs, scratch })
+    }
+
+    /// The embedded default: chunks in `data_dir/chunks`, scratch in
+    /// `data_dir/uploads`.
+    pub fn open_dir(
+        data_dir: &std::path::Path,
+        durability: Durability,
+    ) -> Result<Self, StorageError> {
+        let blobs = Arc::new(DirBlobs::open(data_dir, durability)?);
+        Self::new(blobs, data_dir.join("uploads"))
+    }
+}
+
+async fn on_blobs<T: Send + 'static>(
+    files: &FileStore,
+    f: impl FnOnce(&dyn BlobStore) -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, AppError> {
+    let blobs = files.blobs.clone();
+    tokio::task::spawn_blocking(move || f(blobs.as_ref()))
+        .await
+        .map_err(|e| AppError::Internal(format!("chunk store task failed: {e}")))?
+        .map_err(AppError::from)
+}
+
+pub(crate) async fn missing(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<MissingChunks>, AppError> {
+    let bytes = read_limited(
+        &headers,
+        body,
+        state.max_request_bytes,
+        "ask about fewer chunks at a time",
+    )
+    .await?;
+    let query: ChunkQuery = json_body(&bytes, "the chunk query")?;
+    if query.chunks.len() > MAX_MISSING_QUERY {
+        return Err(AppError::TooLarge(format!(
+            "{} hashes in one query; ask about at most {MAX_MISSING_QUERY} at a time",
+            query.chunks.len()
+        )));
+    }
+    for hash in &query.chunks {
+        check_hash(hash).map_err(AppError::BadRequest)?;
+    }
+    let missing = on_blobs(&state.files, move |b| b.missing(&query.chunks)).await?;
+    Ok(Json(MissingChunks { missing }))
+}
+
+pub(crate) async fn put_chunk(
+    State(state): State<AppState>,
+    Path(hash): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, AppError> {
+    check_hash(&hash).map_err(AppError::BadRequest)?;
+    let data = read_limited(
+        &headers,
+        body,
+        CHUNK_MAX,
+        "a chunk is at most 4 MiB: cut files with FastCDC (min 256 KiB, average 1 MiB, max 4 MiB) \
+         as relaunch's client does",
+    )
+    .await?;
+    let actual = blake3::hash(&data).to_hex();
+    if actual.as_str() != hash {
+        return Err(AppError::BadRequest(format!(
+            "the chunk's BLAKE3 is {actual}, not the {hash} it was sent as: it was damaged on \
+             the way; send it again"
+        )));
+    }
+    on_blobs(&state.files, move |b| b.put(&hash, &data)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The file path of `/runs/{id}/files/{*name}`, checked.
+pub(crate) struct RunFile {
+    run: String,
+    name: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RunFile {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+        let Path((run, name)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| {
+                AppError::BadRequest(format!(
+                    "the run id or file name in the path is not valid: {}",
+                    e.body_text()
+                ))
+            })?;
+        check_name("run id", &run)?;
+        check_file_name(&name).map_err(AppError::BadRequest)?;
+        Ok(Self { run, name })
+    }
+}
+
+pub(crate) async fn commit(
+    State(state): State<AppState>,
+    RunId(run): RunId,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<FileInfo>), AppError> {
+    let bytes = read_limited(
+        &headers,
+        body,
+        state.max_request_bytes,
+        "a manifest that large is a file of millions of chunks; restart the server with a larger \
+         --max-request-bytes",
+    )
+    .await?;
+    let manifest: FileManifest = json_body(&bytes, "the file manifest")?;
+    check_manifest(&manifest)?;
+    let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
+    let missing = on_blobs(&state.files, move |b| b.missing(&hashes)).await?;
+    if !missing.is_empty() {
+        return Err(AppError::Conflict(format!(
+            "{} of the file's {} chunks are not on the server (the first: {}); upload them with \
+             PUT /api/v1/chunks/HASH, then commit again",
+            missing.len(),
+            manifest.chunks.len(),
+            missing[0]
+        )));
+    }
+    let info = crate::api::blocking(&state.storage, move |s| {
+        s.commit_file(&run, &manifest, now())
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+fn check_manifest(manifest: &FileManifest) -> Result<(), AppError> {
+    let bad = AppError::BadRequest;
+    check_file_name(&manifest.name).map_err(bad)?;
+    check_hash(&manifest.blake3).map_err(|e| bad(format!("the file's blake3: {e}")))?;
+    let mut total: u64 = 0;
+    for chunk in &manifest.chunks {
+        check_hash(&chunk.hash).map_err(bad)?;
+        if chunk.size == 0 || chunk.size > CHUNK_MAX as u64 {
+            return Err(bad(format!(
+                "chunk {} has size {}; chunks are 1 to {CHUNK_MAX} bytes",
+                chunk.hash, chunk.size
+            )));
+        }
+        total = total.saturating_add(chunk.size);
+    }
+    if total != manifest.size {
+        return Err(bad(format!(
+            "the chunks add up to {total} bytes, but the file's size is {}; the manifest is \
+             inconsistent",
+            manifest.size
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    RunId(run): RunId,
+) -> Result<Json<Vec<FileInfo>>, AppError> {
+    Ok(Json(
+        crate::api::blocking(&state.storage, move |s| s.files(&run)).await?,
+    ))
+}
+
+/// The byte range a `Range` header asks for, inclusive; `None` for the
+/// whole file (no header, or one we do not serve partially: several ranges).
+fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = value.trim().strip_prefix("bytes=") else {
+        return Ok(None);
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let (start, end) = spec.split_once('-').ok_or(())?;
+    let (start, end) = (start.trim(), end.trim());
+    let range = if start.is_empty() {
+        let suffix: u64 = end.parse().map_err(|_| ())?;
+        if suffix == 0 || size == 0 {
+            return Err(());
+        }
+        (size.saturating_sub(suffix), size - 1)
+    } else {
+        let start: u64 = start.parse().map_err(|_| ())?;
+        let end = if end.is_empty() {
+            size.saturating_sub(1)
+        } else {
+            end.parse::<u64>()
+                .map_err(|_| ())?
+                .min(size.saturating_sub(1))
+        };
+        if start >= size || end < start {
+            return Err(());
+        }
+        (start, end)
+    };
+    Ok(Some(range))
+}
+
+pub(crate) async fn download(
+    State(state): State<AppState>,
+    RunFile { run, name }: RunFile,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
+    let (info, chunks) = {
+        let name = name.clone();
+        crate::api::blocking(&state.storage, move |s| s.file(&run, &name)).await?
+    };
+    let size = info.size;
+    let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        Some(value) => match parse_range(value, size) {
+            Ok(range) => range,
+            Err(()) => {
+                let mut response = AppError::RangeNotSatisfiable(format!(
+                    "range {value:?} is not within the file's {size} bytes"
+                ))
+                .into_response();
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                    response.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                return Ok(response);
+            }
+        },
+        None => None,
+    };
+    let (start, end) = range.unwrap_or((0, size.saturating_sub(1)));
+    let length = if size == 0 { 0 } else { end - start + 1 };
+    let body = if length == 0 {
+        Body::empty()
+    } else {
+        Body::from_stream(chunk_stream(state.files.clone(), chunks, start, end))
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = if range.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", info.blake3)) {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&info.blake3) {
+        h.insert("x-relaunch-blake3", v);
+    }
+    let base = name.rsplit('/').next().unwrap_or(&name);
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{base}\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    if range.is_some()
+        && let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{size}"))
+    {
+        h.insert(header::CONTENT_RANGE, v);
+    }
+    Ok(response)
+}
+
+/// Bytes `start..=end` of a file, read one chunk at a time off the async
+/// threads. A chunk that cannot be read ends the stream with an error, so
+/// the client sees a short body, never wrong bytes.
+fn chunk_stream(
+    files: FileStore,
+    chunks: Vec<ChunkRef>,
+    start: u64,
+    end: u64,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    // The chunks that overlap the range, with their offsets in the file.
+    let mut offset = 0u64;
+    let mut wanted = Vec::new();
+    for chunk in chunks {
+        let (from, to) = (offset, offset + chunk.size);
+        offset = to;
+        if to > start && from <= end {
+            wanted.push((from, chunk));
+        }
+    }
+    futures_util::stream::unfold(
+        (files, wanted.into_iter()),
+        move |(files, mut wanted)| async move {
+            let (from, chunk) = wanted.next()?;
+            let hash = chunk.hash.clone();
+            let data = match on_blobs(&files, move |b| b.get(&hash)).await {
+                Ok(data) => data,
+                Err(e) => {
+                    tracing::error!(chunk = %chunk.hash, error = %e, "a download stopped");
+                    return Some((Err(std::io::Error::other(e.to_string())), (files, wanted)));
+                }
+            };
+            let lo = start.saturating_sub(from) as usize;
+            let hi = ((end + 1).min(from + chunk.size) - from) as usize;
+            let piece = bytes::Bytes::from(data).slice(lo.min(hi)..hi);
+            Some((Ok(piece), (files, wanted)))
+        },
+    )
+}
+
+pub(crate) async fn put_file(
+    State(state): State<AppState>,
+    RunFile { run, name }: RunFile,
+    body: Body,
+) -> Result<(StatusCode, Json<FileInfo>), AppError> {
+    {
+        let run = run.clone();
+        crate::api::blocking(&state.storage, move |s| s.get_run(&run)).await?;
+    }
+    let scratch = state
+        .files
+        .scratch
+        .join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+    let received = receive(body, scratch.clone()).await;
+    let manifest = match received {
+        Ok(()) => {
+            let (files, path, name) = (state.files.clone(), scratch.clone(), name.clone());
+            tokio::task::spawn_blocking(move || store_chunks(&files, &path, name))
+                .await
+                .map_err(|e| AppError::Internal(format!("chunking task failed: {e}")))
+                .and_then(|r| r)
+        }
+        Err(e) => Err(e),
+    };
+    let _ = tokio::fs::remove_file(&scratch).await;
+    let manifest = manifest?;
+    let info = crate::api::blocking(&state.storage, move |s| {
+        s.commit_file(&run, &manifest, now())
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Writes the body to `path` as it arrives: memory stays bounded, and a
+/// slow upload that keeps sending is never cut off.
+async fn receive(mut body: Body, path: PathBuf) -> Result<(), AppError> {
+    let mut file = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| AppError::Internal(format!("cannot create {}: {e}", path.display())))?;
+    use tokio::io::AsyncWriteExt as _;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| AppError::BadRequest(format!("the upload was cut short: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            file.write_all(&data)
+                .await
+                .map_err(|e| AppError::Internal(format!("cannot write {}: {e}", path.display())))?;
+        }
+    }
+    file.flush()
+        .await
+        .map_err(|e| AppError::Internal(format!("cannot write {}: {e}", path.display())))?;
+    Ok(())
+}
+
+/// Cuts the file at `path` into chunks as the client does, stores the ones
+/// not yet stored, and returns the manifest.
+fn store_chunks(
+    files: &FileStore,
+    path: &std::path::Path,
+    name: String,
+) -> Result<FileManifest, AppError> {
+    let file = File::open(path)
+        .map_err(|e| AppError::Internal(format!("cannot read {}: {e}", path.display())))?;
+    let mut whole = blake3::Hasher::new();
+    let mut chunks = Vec::new();
+    let mut size = 0u64;
+    let cutter =
+        fastcdc::v2020::StreamCDC::new(BufReader::new(file), CHUNK_MIN, CHUNK_AVG, CHUNK_MAX);
+    for chunk in cutter {
+        let chunk =
+            chunk.map_err(|e| AppError::Internal(format!("cannot cut {}: {e}", path.display())))?;
+        whole.update(&chunk.data);
+        let hash = blake3::hash(&chunk.data).to_hex().to_string();
+        if !files.blobs.missing(std::slice::from_ref(&hash))?.is_empty() {
+            files.blobs.put(&hash, &chunk.data)?;
+        }
+        size += chunk.data.len() as u64;
+        chunks.push(ChunkRef {
+            hash,
+            size: chunk.data.len() as u64,
+        });
+    }
+    Ok(FileManifest {
+        name,
+        size,
+        blake3: whole.finalize().to_hex().to_string(),
+        chunks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_as_rfc_9110_reads_them() {
+        assert_eq!(parse_range("bytes=0-99", 1000), Ok(Some((0, 99))));
+        assert_eq!(parse_range("bytes=500-", 1000), Ok(Some((500, 999))));
+        assert_eq!(parse_range("bytes=-100", 1000), Ok(Some((900, 999))));
+        assert_eq!(parse_range("bytes=900-5000", 1000), Ok(Some((900, 999))));
+        assert_eq!(parse_range("bytes=0-1,5-6", 1000), Ok(None));
+        assert_eq!(parse_range("items=0-1", 1000), Ok(None));
+        assert_eq!(parse_range("bytes=1000-", 1000), Err(()));
+        assert_eq!(parse_range("bytes=5-1", 1000), Err(()));
+        assert_eq!(parse_range("bytes=x-1", 1000), Err(()));
+        assert_eq!(parse_range("bytes=-0", 1000), Err(()));
+    }
+}
