@@ -57,46 +57,51 @@ from __future__ import annotations
 import contextlib
 import copy as _copy
 import json
-import math
 import os
-import re
-import shutil
-import stat
 import threading
 import time
 import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from relaunch import _native
+from relaunch._checkpoint_agree import ENV_STORE, Coordinator, Decision, connect_store
+from relaunch._checkpoint_files import (
+    FORMAT,
+    MANIFEST,
+    STEP_DIR,
+    TEMPORARY,
+    canonical,
+    fsync,
+    fsync_and_hash,
+    kept,
+    point_latest,
+    read_manifest,
+    remove,
+    safe_name,
+    subdirs,
+    verify_checkpoint,
+    walk,
+    write_atomic,
+)
 from relaunch.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
 
 STRATEGIES = ("sync_any", "sync_all", "async")
-MANIFEST = "manifest.json"
-LATEST = "latest"
-FORMAT = "relaunch-checkpoint/1"
 DEFAULT_TIMEOUT = 1800.0
 """Seconds a rank waits for the others at each step of a save (torch's default
 process-group timeout): writing a large checkpoint can take minutes."""
 
 # Environment the launchers set (crates/relaunch-launch/src/env.rs).
-ENV_STORE = "RELAUNCH_STORE"
 ENV_RUN_ID = ("RELAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID")
 ENV_ATTEMPT = ("RELAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-# Temporaries at the top of DIR: step dirs being written or deleted, and the
-# `latest` symlink being swapped. TOKEN is SESSION-RANDOM.
-_TEMPORARY = re.compile(r"^(?:step_\d+|latest)\.(?:tmp|old)-([0-9a-f]+)-[0-9a-f]+$")
 # A temporary of another attempt of a job whose ranks save on their own
 # ("async") is only removed once it is this old, unless the attempts are known.
 _STALE_AGE = 3600.0
-# Files hashed at once by one rank; the native hash releases the GIL.
-_HASH_THREADS = 8
 # Temporary directories this process is writing, which no Checkpointer of
 # this process cleans up as stale.
 _IN_PROGRESS: set[str] = set()
@@ -224,358 +229,6 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-# --- durable file operations -------------------------------------------------
-
-
-def _fsync(path: Path | str) -> None:
-    """fsync a file or a directory (a directory's fsync makes its entries durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Writes ``path`` whole or not at all: temporary name, fsync, rename.
-    The caller fsyncs the directory."""
-    temp = path.with_name(f"{path.name}.tmp-{os.urandom(4).hex()}")
-    with open(temp, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-
-
-def _point_latest(root: Path, target: str, token: str) -> None:
-    """Swaps ``root/latest`` to point at ``target``: a new symlink under a
-    temporary name renamed over the old one (a file naming the target where
-    the file system has no symlinks). The caller fsyncs ``root``."""
-    temp = root / f"{LATEST}.tmp-{token}"
-    try:
-        os.symlink(target, temp)
-    except OSError:
-        with open(temp, "x") as f:
-            f.write(target + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(temp, root / LATEST)
-
-
-def _remove(path: Path) -> None:
-    """Removes a directory (or file) for good; first renamed out of the way by callers."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def _walk(root: Path) -> dict[str, int]:
-    """Every regular file under ``root``: relative ``/`` name -> size."""
-    files: dict[str, int] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [*filenames, *dirnames]:
-            full = os.path.join(dirpath, name)
-            st = os.lstat(full)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if stat.S_ISDIR(st.st_mode):
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                raise CheckpointError(
-                    f"{full} is not a regular file (a symlink or special file); a checkpoint "
-                    "holds regular files only: write the file itself into the directory"
-                )
-            files[rel] = st.st_size
-    return files
-
-
-def _subdirs(root: Path) -> list[str]:
-    """Every directory below ``root`` (not itself), deepest first."""
-    out = [dirpath for dirpath, _, _ in os.walk(root) if dirpath != str(root)]
-    return sorted(out, key=lambda p: p.count(os.sep), reverse=True)
-
-
-def _fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
-    """fsync and hash ``names`` (several at once): name -> [size, blake3]."""
-
-    def one(name: str) -> tuple[str, list]:
-        path = root / name
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-            size = os.fstat(f.fileno()).st_size
-        return name, [size, _native.hash_file(path)]
-
-    if len(names) <= 1:
-        return dict(one(n) for n in names)
-    from concurrent.futures import ThreadPoolExecutor  # not at import: it loads logging
-
-    with ThreadPoolExecutor(min(len(names), _HASH_THREADS)) as pool:
-        return dict(pool.map(one, names))
-
-
-# --- manifests ---------------------------------------------------------------
-
-
-def _canonical(manifest: Mapping[str, Any]) -> bytes:
-    body = {k: v for k, v in manifest.items() if k != "blake3"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _safe_name(name: object) -> bool:
-    if not isinstance(name, str) or not name or name.startswith("/") or "\\" in name:
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
-
-
-def _read_manifest(path: Path, step: int) -> tuple[dict[str, Any] | None, str]:
-    """The manifest of checkpoint ``path`` if it is intact, else why not."""
-    try:
-        raw = (path / MANIFEST).read_bytes()
-    except FileNotFoundError:
-        return None, f"it has no {MANIFEST} (its commit did not finish)"
-    except OSError as e:
-        return None, f"its {MANIFEST} cannot be read: {e}"
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        return None, f"its {MANIFEST} is not valid JSON (truncated or overwritten)"
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return None, f"its {MANIFEST} is not a relaunch checkpoint manifest ({FORMAT})"
-    if manifest.get("blake3") != _native.hash_bytes(_canonical(manifest)):
-        return None, f"its {MANIFEST} does not match its own BLAKE3 (it was altered)"
-    if manifest.get("step") != step:
-        return None, f"its {MANIFEST} is of step {manifest.get('step')!r}, not {step}"
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not all(_safe_name(n) for n in files):
-        return None, f"its {MANIFEST} names a file outside the checkpoint"
-    return manifest, ""
-
-
-def _verify(path: Path, step: int, full: bool) -> tuple[dict[str, Any] | None, str]:
-    """The manifest if the checkpoint verifies (sizes; BLAKE3 too if ``full``)."""
-    manifest, problem = _read_manifest(path, step)
-    if manifest is None:
-        return None, problem
-    files = manifest["files"]
-    for name, entry in sorted(files.items()):
-        try:
-            st = os.stat(path / name)
-        except FileNotFoundError:
-            return None, f"{name} is missing"
-        if not stat.S_ISREG(st.st_mode):
-            return None, f"{name} is not a regular file"
-        if st.st_size != entry.get("size"):
-            return None, f"{name} has {st.st_size} bytes, the manifest says {entry.get('size')}"
-    if full:
-        from concurrent.futures import ThreadPoolExecutor
-
-        names = sorted(files)
-        with ThreadPoolExecutor(max(1, min(len(names), _HASH_THREADS))) as pool:
-            hashes = pool.map(lambda n: _native.hash_file(path / n), names)
-            for name, digest in zip(names, hashes, strict=True):
-                if digest != files[name].get("blake3"):
-                    return None, f"{name} does not match its BLAKE3 hash (its contents changed)"
-    return manifest, ""
-
-
-# --- retention -----------------------------------------------------------------
-
-
-def _kept(
-    committed: Mapping[int, dict[str, Any] | None],
-    keep_last: int | None,
-    keep_every: int | None,
-    keep_best: tuple[str, str, int] | None,
-) -> set[int]:
-    """Steps that retention keeps among ``committed`` (step -> manifest, None
-    when unreadable: those are never deleted); the newest is always kept."""
-    steps = sorted(committed)
-    keep = set(steps[-1:])
-    keep |= set(steps if keep_last is None else steps[-keep_last:])
-    if keep_every is not None:
-        keep |= {s for s in steps if s % keep_every == 0}
-    keep |= {s for s, m in committed.items() if m is None or m.get("forced")}
-    if keep_best is not None:
-        metric, mode, count = keep_best
-        scored = []
-        for s, m in committed.items():
-            value = ((m or {}).get("metrics") or {}).get(metric)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                if math.isfinite(value):
-                    scored.append((value if mode == "min" else -value, -s, s))
-        keep |= {s for _, _, s in sorted(scored)[:count]}
-    return keep
-
-
-# --- agreement through the store -----------------------------------------------
-
-
-class _Decision(NamedTuple):
-    save: bool
-    step: int
-    forced: bool
-    token: str
-
-
-class _Coordinator:
-    """One Checkpointer's rounds of agreement through the store.
-
-    Round ``n`` (the n-th call to ``save`` on every rank) uses keys
-    ``PREFIX/n/...``: ``ballots`` (each rank appends ``rank:step:ask:force;``),
-    ``votes`` (a counter; the rank whose vote makes it ``world`` decides and
-    sets ``decision``); for a save also ``written``/``writers``/``outcome``
-    (leaving the block: ``ok`` from the last rank, or the first ``abort``),
-    ``report/RANK`` (files hashed by each rank) and ``commit`` (rank 0: ``ok``
-    or why not). The rank that decides round n deletes round n-1's keys:
-    every rank has finished with them once it votes in round n.
-    """
-
-    def __init__(self, store: Any, prefix: str, rank: int, world: int, timeout: float):
-        self.store = store
-        self.prefix = prefix
-        self.rank = rank
-        self.world = world
-        self.timeout = timeout
-        self.lock = threading.Lock()
-        self.round = 0
-        self._previous: list[str] = []
-
-    def key(self, n: int, name: str) -> str:
-        return f"{self.prefix}{n}/{name}"
-
-    def _wait(self, n: int, key: str, what: str, arrived_key: str | None = None) -> bytes:
-        try:
-            self.store.wait([key], self.timeout)
-        except TimeoutError:
-            missing = ""
-            if arrived_key is not None:
-                arrived = self._ranks(
-                    self.store.get(arrived_key) if self.store.check([arrived_key]) else b""
-                )
-                absent = sorted(set(range(self.world)) - arrived)
-                missing = f"; rank(s) {', '.join(map(str, absent))} did not get there"
-            raise CheckpointError(
-                f"checkpoint round {n}: timed out after {self.timeout:g} s waiting for "
-                f"{what}{missing} (a rank crashed or is stuck; raise timeout= if saving is slow)"
-            ) from None
-        return self.store.get(key)
-
-    @staticmethod
-    def _ranks(raw: bytes) -> set[int]:
-        return {int(part.split(":")[0]) for part in raw.decode().split(";") if part}
-
-    def vote(self, step: int, ask: bool, force: bool, strategy: str, session: str) -> _Decision:
-        with self.lock:
-            n = self.round
-            self.round += 1
-            store = self.store
-            store.append(self.key(n, "ballots"), f"{self.rank}:{step}:{int(ask)}:{int(force)};")
-            votes = store.add(self.key(n, "votes"), 1)
-            if votes > self.world:
-                raise CheckpointError(
-                    f"checkpoint round {n} got {votes} votes for {self.world} ranks: another job "
-                    "shares this store and directory, or ranks disagree on WORLD_SIZE"
-                )
-            if votes == self.world:
-                decision = self._decide(n, strategy, session)
-                for key in self._previous:
-                    store.delete_key(key)
-                store.set(self.key(n, "decision"), json.dumps(decision))
-            raw = self._wait(
-                n, self.key(n, "decision"), "every rank to call save()", self.key(n, "ballots")
-            )
-            decision = json.loads(raw)
-            self._previous = [self.key(n, k) for k in ("ballots", "votes", "decision")]
-            if decision.get("error"):
-                raise ValueError(decision["error"])
-            if decision["save"]:
-                self._previous += [self.key(n, k) for k in ("written", "writers", "outcome")]
-                self._previous += [self.key(n, f"report/{r}") for r in range(self.world)]
-                self._previous.append(self.key(n, "commit"))
-            return _Decision(
-                decision["save"], decision["step"], decision["forced"], decision["token"]
-            )
-
-    def _decide(self, n: int, strategy: str, session: str) -> dict[str, Any]:
-        ballots = {}
-        for part in self.store.get(self.key(n, "ballots")).decode().split(";"):
-            if part:
-                rank, step, ask, force = part.split(":")
-                ballots[int(rank)] = (int(step), ask == "1", force == "1")
-        steps = {s for s, _, _ in ballots.values()}
-        if len(steps) > 1:
-            by_rank = ", ".join(f"rank {r}: {ballots[r][0]}" for r in sorted(ballots))
-            return {
-                "error": f"ranks called save() with different steps ({by_rank}); "
-                "every rank must call save() at the same step"
-            }
-        asks = [a for _, a, _ in ballots.values()]
-        save = any(asks) if strategy == "sync_any" else all(asks)
-        return {
-            "save": save,
-            "step": steps.pop(),
-            "forced": save and any(f for _, _, f in ballots.values()),
-            "token": f"{session}-{os.urandom(4).hex()}",
-        }
-
-    def leave_block(self, n: int, error: str | None) -> None:
-        """Says this rank left the ``with`` block (or why it aborts); waits for the others."""
-        store = self.store
-        outcome = self.key(n, "outcome")
-        if error is not None:
-            store.compare_set(outcome, "", f"abort: rank {self.rank}: {error}")
-            return
-        store.append(self.key(n, "writers"), f"{self.rank};")
-        if store.add(self.key(n, "written"), 1) == self.world:
-            store.compare_set(outcome, "", "ok")
-        raw = self._wait(n, outcome, "every rank to finish writing", self.key(n, "writers"))
-        if raw != b"ok":
-            raise CheckpointError(f"checkpoint aborted: {raw.decode()[len('abort: ') :]}")
-
-    def report(self, n: int, report: dict[str, Any]) -> None:
-        self.store.set(self.key(n, f"report/{self.rank}"), json.dumps(report))
-
-    def reports(self, n: int) -> list[dict[str, Any]]:
-        keys = [self.key(n, f"report/{r}") for r in range(1, self.world)]
-        try:
-            self.store.wait(keys, self.timeout)
-        except TimeoutError:
-            absent = [r for r, k in enumerate(keys, 1) if not self.store.check([k])]
-            raise CheckpointError(
-                f"checkpoint round {n}: timed out after {self.timeout:g} s waiting for the "
-                f"file reports of rank(s) {', '.join(map(str, absent))}"
-            ) from None
-        return [json.loads(raw) for raw in self.store.multi_get(keys)]
-
-    def announce(self, n: int, outcome: str) -> None:
-        self.store.set(self.key(n, "commit"), outcome)
-
-    def committed(self, n: int) -> None:
-        raw = self._wait(n, self.key(n, "commit"), "rank 0 to commit").decode()
-        if raw != "ok":
-            raise CheckpointError(f"rank 0 could not commit the checkpoint: {raw}")
-
-
-def _connect_store(timeout: float) -> tuple[Any, str] | None:
-    """A store for the job from the environment and the key prefix for it."""
-    from relaunch.store import Store
-
-    addr = os.environ.get(ENV_STORE)
-    if addr:
-        host, _, port = addr.rpartition(":")
-    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
-    else:
-        return None
-    try:
-        port_number = int(port)
-    except ValueError:
-        raise ValueError(f"cannot parse the store address {addr!r} (want HOST:PORT)") from None
-    # Raw keys, like the launcher's: relaunch's own live under `relaunch/`.
-    return Store(host.strip("[]"), port_number, timeout=min(timeout, 300.0), prefix=""), ""
-
-
 # --- copying state to the CPU ----------------------------------------------------
 
 
@@ -669,7 +322,7 @@ class _Save:
         self.path: Path | None = None
         self.checkpoint: Checkpoint | None = None
         self._round = -1
-        self._decision: _Decision | None = None
+        self._decision: Decision | None = None
         self._entered = False
 
     def __enter__(self) -> Path | None:
@@ -763,7 +416,7 @@ class Checkpointer:
         self._session = _native.hash_bytes(f"{run_id}\0{attempt}".encode())[:8]
         self._session_known = run_id is not None and attempt is not None
         self._store_arg = store
-        self._coordinator: _Coordinator | None = None
+        self._coordinator: Coordinator | None = None
         self._key_prefix = (
             f"relaunch/{run_id}/workers/ckpt/" if run_id else "relaunch/ckpt/"
         ) + f"{_native.hash_bytes(str(self.dir).encode())[:12]}/{attempt or 0}/"
@@ -813,7 +466,7 @@ class Checkpointer:
     def _step_dirs(self) -> list[tuple[int, Path]]:
         out = []
         for entry in os.scandir(self.dir):
-            match = _STEP_DIR.match(entry.name)
+            match = STEP_DIR.match(entry.name)
             if match and entry.is_dir(follow_symlinks=False):
                 out.append((int(match.group(1)), Path(entry.path)))
         return sorted(out)
@@ -832,7 +485,7 @@ class Checkpointer:
             raise ValueError(f'verify must be "sizes" or "full", got {verify!r}')
         found = None
         for step, path in reversed(self._step_dirs()):
-            manifest, problem = _verify(path, step, full=verify == "full")
+            manifest, problem = verify_checkpoint(path, step, full=verify == "full")
             if manifest is not None:
                 found = Checkpoint(path, step, manifest)
                 break
@@ -930,7 +583,7 @@ class Checkpointer:
                 )
             else:
                 token = f"{self._session}-{os.urandom(4).hex()}"
-                decision = _Decision(wants, save.step, save.force and wants, token)
+                decision = Decision(wants, save.step, save.force and wants, token)
             if not decision.save:
                 self._active = None
                 return
@@ -972,8 +625,8 @@ class Checkpointer:
             rank, world = (0, 1) if coordinator is None else (coordinator.rank, coordinator.world)
             report: dict[str, Any] = {"seen": {}, "hashed": {}, "error": None}
             try:
-                report["seen"] = _walk(tmp)
-                report["hashed"] = _fsync_and_hash(tmp, sorted(report["seen"])[rank::world])
+                report["seen"] = walk(tmp)
+                report["hashed"] = fsync_and_hash(tmp, sorted(report["seen"])[rank::world])
             except Exception as e:
                 if coordinator is None:
                     raise
@@ -986,7 +639,7 @@ class Checkpointer:
                 coordinator.report(n, report)
                 coordinator.committed(n)
                 final = self.dir / f"step_{decision.step:08d}"
-                manifest, _ = _read_manifest(final, decision.step)
+                manifest, _ = read_manifest(final, decision.step)
                 save.checkpoint = Checkpoint(final, decision.step, manifest or {"files": {}})
             else:
                 save.checkpoint = self._commit_rank0(save, decision, tmp, report, coordinator)
@@ -1005,10 +658,10 @@ class Checkpointer:
     def _commit_rank0(
         self,
         save: _Save,
-        decision: _Decision,
+        decision: Decision,
         tmp: Path,
         report: dict[str, Any],
-        coordinator: _Coordinator | None,
+        coordinator: Coordinator | None,
     ) -> Checkpoint:
         n = save._round
         try:
@@ -1029,7 +682,7 @@ class Checkpointer:
         return checkpoint
 
     def _write_commit(
-        self, save: _Save, decision: _Decision, tmp: Path, reports: list[dict[str, Any]]
+        self, save: _Save, decision: Decision, tmp: Path, reports: list[dict[str, Any]]
     ) -> Checkpoint:
         """Rank 0: the manifest, the rename, the ``latest`` pointer."""
         files: dict[str, list] = {}
@@ -1044,7 +697,7 @@ class Checkpointer:
                 "checkpoint's own manifest: name that file differently"
             )
         missing = sorted(seen - set(files))
-        files.update(_fsync_and_hash(tmp, [n for n in missing if (tmp / n).exists()]))
+        files.update(fsync_and_hash(tmp, [n for n in missing if (tmp / n).exists()]))
         for name in sorted(seen):
             if name not in files:
                 raise CheckpointError(
@@ -1060,8 +713,8 @@ class Checkpointer:
                     f"{tmp / name} changed while it was committed ({files[name][0]} bytes "
                     f"hashed, {size} now): is something still writing it after the with-block?"
                 )
-        for directory in _subdirs(tmp):
-            _fsync(directory)  # subdirectories' entries; tmp's own after the manifest
+        for directory in subdirs(tmp):
+            fsync(directory)  # subdirectories' entries; tmp's own after the manifest
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -1077,17 +730,17 @@ class Checkpointer:
         }
         if not self._coordinated and self.world_size > 1:
             manifest["rank"] = self.rank
-        manifest["blake3"] = _native.hash_bytes(_canonical(manifest))
-        _write_atomic(
+        manifest["blake3"] = _native.hash_bytes(canonical(manifest))
+        write_atomic(
             tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         )
         # Every file's entry and the manifest's are durable before the
         # directory takes its final name: the rename is the commit.
-        _fsync(tmp)
+        fsync(tmp)
         final = self.dir / f"step_{decision.step:08d}"
         aside = None
         if final.exists():
-            if _verify(final, decision.step, full=True)[0] is not None:
+            if verify_checkpoint(final, decision.step, full=True)[0] is not None:
                 raise CheckpointError(
                     f"{final} appeared while step {decision.step} was being saved (another "
                     'rank or process saves into this directory: with strategy="async" only '
@@ -1098,23 +751,23 @@ class Checkpointer:
             aside = self.dir / f"{final.name}.old-{self._session}-{os.urandom(4).hex()}"
             os.rename(final, aside)
         os.rename(tmp, final)
-        _point_latest(self.dir, final.name, f"{self._session}-{os.urandom(4).hex()}")
-        _fsync(self.dir)
+        point_latest(self.dir, final.name, f"{self._session}-{os.urandom(4).hex()}")
+        fsync(self.dir)
         if aside is not None:
-            _remove(aside)
+            remove(aside)
         return Checkpoint(final, decision.step, manifest)
 
     def _abandon(self, tmp: Path, now: bool) -> None:
         """An aborted save's directory: removed now when no other rank may
         still write into it, else by rank 0 at its next save."""
         if now:
-            _remove(tmp)
+            remove(tmp)
         elif self.rank == 0:
             self._abandoned.append(tmp)
 
     def _remove_abandoned(self) -> None:
         while self._abandoned:
-            _remove(self._abandoned.pop())
+            remove(self._abandoned.pop())
 
     def _prune(self, just_committed: int) -> None:
         """Deletes what retention does not keep: committed checkpoints only,
@@ -1122,12 +775,12 @@ class Checkpointer:
         committed: dict[int, dict[str, Any] | None] = {}
         paths = {}
         for step, path in self._step_dirs():
-            manifest, _ = _read_manifest(path, step)
+            manifest, _ = read_manifest(path, step)
             if manifest is None and not (path / MANIFEST).exists():
                 continue  # not a commit of ours: never touched
             committed[step] = manifest
             paths[step] = path
-        keep = _kept(committed, self.keep_last, self.keep_every, self.keep_best)
+        keep = kept(committed, self.keep_last, self.keep_every, self.keep_best)
         keep.add(just_committed)
         for step in sorted(set(committed) - keep):
             aside = self.dir / f"{paths[step].name}.old-{self._session}-{os.urandom(4).hex()}"
@@ -1142,7 +795,7 @@ class Checkpointer:
                     stacklevel=4,
                 )
                 continue
-            _remove(aside)
+            remove(aside)
 
     def _clean_stale(self) -> None:
         """Removes temporaries that crashed processes left behind: every one
@@ -1150,7 +803,7 @@ class Checkpointer:
         a synchronized job), else only those of other attempts."""
         now = time.time()
         for entry in os.scandir(self.dir):
-            match = _TEMPORARY.match(entry.name)
+            match = TEMPORARY.match(entry.name)
             if not match or entry.path in _IN_PROGRESS:
                 continue
             if self.strategy == "async" and self.world_size > 1:
@@ -1163,17 +816,17 @@ class Checkpointer:
                             continue
                     except FileNotFoundError:
                         continue
-            _remove(Path(entry.path))
+            remove(Path(entry.path))
 
-    def _coordinator_(self) -> _Coordinator:
+    def _coordinator_(self) -> Coordinator:
         if self._coordinator is None:
             store = self._store_arg
             if store is None:
-                connected = _connect_store(self.timeout)
+                connected = connect_store(self.timeout)
                 if connected is None:
                     raise CheckpointError("no store to agree through (RELAUNCH_STORE is unset)")
                 store = connected[0]
-            self._coordinator = _Coordinator(
+            self._coordinator = Coordinator(
                 store, self._key_prefix, self.rank, self.world_size, self.timeout
             )
         return self._coordinator
@@ -1202,7 +855,7 @@ class Checkpointer:
         copy is kept and reused by the next call (no allocation when the
         state has the same tensors); :meth:`close` frees it.
         """
-        if not isinstance(name, str) or not _safe_name(name) or name == MANIFEST:
+        if not isinstance(name, str) or not safe_name(name) or name == MANIFEST:
             raise ValueError(
                 f"name must be a relative file name inside the checkpoint, not {MANIFEST!r}, "
                 f"'..' or an absolute path; got {name!r}"
