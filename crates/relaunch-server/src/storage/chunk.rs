@@ -9,7 +9,7 @@ pub const BLOCK: usize = 64;
 /// Most points in one chunk.
 pub const CHUNK_MAX: usize = 4096;
 
-const POINT_BYTES: usize = 24;
+pub const POINT_BYTES: usize = 24;
 const SUMMARY_BYTES: usize = 56;
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -31,6 +31,17 @@ pub struct ChunkMeta {
 pub trait ChunkSource {
     fn blocks(&mut self, id: i64) -> Result<Vec<Summary>, StorageError>;
     fn points(&mut self, id: i64) -> Result<Vec<Point>, StorageError>;
+
+    /// The points of block `index` of chunk `id` (a read that straddles a
+    /// bucket boundary needs only those). A backend that can read part of
+    /// a chunk overrides this; by default the whole chunk is read.
+    fn block_points(&mut self, id: i64, index: usize) -> Result<Vec<Point>, StorageError> {
+        let points = self.points(id)?;
+        Ok(points
+            .get(index * BLOCK..((index + 1) * BLOCK).min(points.len()))
+            .unwrap_or_default()
+            .to_vec())
+    }
 }
 
 /// The series' points in the query's range: all of them when they fit in
@@ -149,7 +160,6 @@ pub fn assemble(
             continue;
         }
         let blocks = source.blocks(c.id)?;
-        let mut points: Option<Vec<Point>> = None;
         for (i, b) in blocks.iter().enumerate() {
             if bucket(b.first_step) == bucket(b.last_step) {
                 acc.entry(bucket(b.first_step))
@@ -157,19 +167,14 @@ pub fn assemble(
                     .merge(b, c.attempt);
                 continue;
             }
-            if points.is_none() {
-                points = Some(source.points(c.id)?);
+            let block = source.block_points(c.id, i)?;
+            if block.is_empty() {
+                return Err(StorageError::Corrupt(format!(
+                    "chunk {} has fewer points than its blocks",
+                    c.id
+                )));
             }
-            let block = points
-                .as_deref()
-                .and_then(|p| p.get(i * BLOCK..((i + 1) * BLOCK).min(p.len())))
-                .ok_or_else(|| {
-                    StorageError::Corrupt(format!(
-                        "chunk {} has fewer points than its blocks",
-                        c.id
-                    ))
-                })?;
-            for p in block {
+            for p in &block {
                 acc.entry(bucket(p.step)).or_default().add(p, c.attempt);
             }
         }

@@ -22,7 +22,7 @@ use relaunch_api::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
 
-use super::chunk::{self, CHUNK_MAX, Point, Summary};
+use super::chunk::{self, BLOCK, CHUNK_MAX, Point, Summary};
 use super::downsample::{ChunkMeta, ChunkSource, assemble};
 use super::{Storage, StorageError};
 
@@ -251,7 +251,7 @@ impl SqliteStorage {
                     OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
                 )
                 .map_err(backend)?;
-                conn.execute_batch("PRAGMA busy_timeout=10000;")
+                conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA mmap_size=1073741824;")
                     .map_err(backend)?;
                 conn
             }
@@ -1123,6 +1123,21 @@ impl ChunkSource for SqliteChunks<'_> {
             .prepare_cached("SELECT points FROM chunks WHERE id = ?1")
             .and_then(|mut s| s.query_row([id], |r| r.get(0)))
             .map_err(backend)?;
+        chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
+    }
+
+    fn block_points(&mut self, id: i64, index: usize) -> Result<Vec<Point>, StorageError> {
+        // Incremental blob I/O reads only the pages that hold the block,
+        // not the chunk's whole blob.
+        let size = BLOCK * chunk::POINT_BYTES;
+        let blob = self
+            .conn
+            .blob_open("main", "chunks", "points", id, true)
+            .map_err(backend)?;
+        let start = index * size;
+        let end = (start + size).min(blob.len());
+        let mut bytes = vec![0u8; end.saturating_sub(start)];
+        blob.read_at_exact(&mut bytes, start).map_err(backend)?;
         chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
     }
 }
