@@ -2,7 +2,8 @@
 # The demo: `relaunch server` on loopback, then a 4-process PyTorch DDP job
 # launched with `relaunch run --server`, logged to it, preempted with SIGTERM
 # (every rank stops at one step, exit code 75) and resumed from that step to
-# the end as the same run. Installs what it needs first (see
+# the end as the same run, exactly (examples/resume.py: Checkpointer and
+# InterruptibleSampler). Installs what it needs first (see
 # scripts/env.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 

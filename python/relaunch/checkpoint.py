@@ -86,6 +86,7 @@ from relaunch._checkpoint_files import (
     walk,
     write_atomic,
 )
+from relaunch._checkpoint_ship import Shipper, exit_timeout
 from relaunch.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
@@ -353,6 +354,11 @@ class Checkpointer:
       call to ``save`` wants to save); ``force=True`` wants to save anyway.
     - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
     - ``timeout``: seconds to wait for the other ranks at each stage of a save.
+    - ``ship``: upload each committed checkpoint to the tracking server in the
+      background (``relaunch ckpt pull`` brings it back); by default when
+      running under ``relaunch run --server`` (``RELAUNCH_SERVER`` and
+      ``RELAUNCH_RUN_ID`` set). :meth:`close` and the interpreter's exit wait
+      for the upload in flight, at most ``RELAUNCH_EXIT_TIMEOUT`` seconds.
 
     Forced checkpoints, the newest and those retention keeps are never
     deleted; rank 0 prunes the rest only after a new checkpoint is committed.
@@ -373,6 +379,7 @@ class Checkpointer:
         rank: int | None = None,
         world_size: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        ship: bool | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(
@@ -442,8 +449,33 @@ class Checkpointer:
         self._async_error: BaseException | None = None
         self._async_step: int | None = None
         self._stager = _Stager()
+        self._shipper = self._make_shipper(ship)
         if self.rank == 0 or self.strategy == "async":
             self._clean_stale()
+
+    def _make_shipper(self, ship: bool | None) -> Shipper | None:
+        if ship is not None and not isinstance(ship, bool):
+            raise TypeError(f"ship must be True, False or None, not {type(ship).__name__}")
+        server = os.environ.get("RELAUNCH_SERVER", "").strip()
+        run = os.environ.get("RELAUNCH_RUN_ID", "").strip()
+        if ship is None:
+            ship = bool(server and run)
+        if not ship:
+            return None
+        if not (server and run):
+            raise ValueError(
+                "ship=True needs a tracking server and a run: run under `relaunch run --server "
+                "URL` (it sets RELAUNCH_SERVER and RELAUNCH_RUN_ID), or set both"
+            )
+        # The rank that commits ships: rank 0, or each rank saving on its own.
+        if self.rank != 0 and self.strategy != "async":
+            return None
+        return Shipper(server, os.environ.get("RELAUNCH_SERVER_TOKEN") or None, run)
+
+    def wait_shipped(self, timeout: float | None = None) -> bool:
+        """Waits until the newest committed checkpoint is on the tracking
+        server; False after ``timeout`` seconds. True at once when not shipping."""
+        return self._shipper is None or self._shipper.wait(timeout)
 
     def __repr__(self) -> str:
         return (
@@ -679,6 +711,8 @@ class Checkpointer:
             raise
         if coordinator is not None:
             coordinator.announce(n, "ok")
+        if self._shipper is not None:
+            self._shipper.ship(checkpoint.step, checkpoint.path)
         return checkpoint
 
     def _write_commit(
@@ -932,6 +966,12 @@ class Checkpointer:
             self._stager = _Stager()  # lets go of the CPU copy
             if self.rank == 0:
                 self._remove_abandoned()
+            if self._shipper is not None and not self._shipper.wait(exit_timeout()):
+                warnings.warn(
+                    f"checkpoint not shipped to {self._shipper.server} within the exit timeout "
+                    "(RELAUNCH_EXIT_TIMEOUT); it stays in the local directory",
+                    stacklevel=2,
+                )
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -9,13 +9,25 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_the_demo_launches_logs_preempts_and_resumes(tmp_path):
     out = subprocess.run(
-        [sys.executable, EXAMPLES / "demo.py", "--nproc", "2", "--steps", "120", "--dir", tmp_path],
+        [
+            sys.executable,
+            EXAMPLES / "demo.py",
+            "--nproc",
+            "2",
+            "--epochs",
+            "2",
+            "--samples",
+            "480",
+            "--dir",
+            tmp_path,
+        ],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "demo OK: 2 workers trained to step 119, preempted and resumed" in out.stdout
+    assert "demo OK: 2 workers trained 60 steps, preempted mid-epoch and resumed" in out.stdout
+    assert "committed its checkpoint; launcher exit code 75" in out.stdout
     assert "status:   finished" in out.stdout  # `relaunch runs show` of the run
     assert "preempted  stopped by SIGTERM" in out.stdout
 

@@ -57,6 +57,33 @@ pub enum Command {
     /// A run's files on a tracking server: list, upload, download.
     #[command(subcommand)]
     Files(FilesCommand),
+    /// Checkpoints a job shipped to a tracking server.
+    #[command(subcommand)]
+    Ckpt(CkptCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CkptCommand {
+    /// Bring a shipped checkpoint back into a Checkpointer's directory, so a job resumes on a
+    /// machine that never saw its files.
+    Pull(CkptPullArgs),
+}
+
+/// Options of `relaunch ckpt pull`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+pub struct CkptPullArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The run's id.
+    pub run: String,
+
+    /// The Checkpointer's directory; the checkpoint lands in DIR/step_N.
+    pub dir: PathBuf,
+
+    /// The step to pull [default: the newest complete one].
+    #[arg(long, value_name = "N")]
+    pub step: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

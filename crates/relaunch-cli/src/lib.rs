@@ -15,9 +15,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 pub use cli::{
-    Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs, FilesPutArgs, LogsArgs,
-    MetricsArgs, RunArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServeArgs, ServerArgs,
-    ServerConnection, StoreCommand, SyncArgs,
+    CkptCommand, CkptPullArgs, Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs,
+    FilesPutArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServeArgs,
+    ServerArgs, ServerConnection, StoreCommand, SyncArgs,
 };
 
 /// What the caller knows that the command line does not say.
@@ -81,6 +81,7 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
         Command::Files(FilesCommand::Ls(args)) => commands::files::ls(args),
         Command::Files(FilesCommand::Put(args)) => commands::files::put(args),
         Command::Files(FilesCommand::Get(args)) => commands::files::get(args),
+        Command::Ckpt(CkptCommand::Pull(args)) => commands::files::pull(args),
     }
 }
 

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use relaunch_client::checkpoints;
 use relaunch_client::files::{download, upload};
 
-use crate::cli::{FilesGetArgs, FilesLsArgs, FilesPutArgs, ListFormat};
+use crate::cli::{CkptPullArgs, FilesGetArgs, FilesLsArgs, FilesPutArgs, ListFormat};
 use crate::render::{age, now, table};
 use crate::{output, tracking};
 
@@ -109,6 +110,30 @@ pub(crate) fn get(args: &FilesGetArgs) -> anyhow::Result<u8> {
         got.size,
         dest.display(),
         got.blake3
+    ));
+    Ok(0)
+}
+
+/// `relaunch ckpt pull`.
+pub(crate) fn pull(args: &CkptPullArgs) -> anyhow::Result<u8> {
+    let client = tracking::connect(&args.connection)?;
+    let bar = output::transfer_bar(&format!("pulling a checkpoint of {}", args.run));
+    let progress = |done: u64, total: u64| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let pulled = tracking::block_on(checkpoints::pull(
+        &client, &args.run, args.step, &args.dir, &progress,
+    ))?
+    .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
+    bar.finish_and_clear();
+    output::text(&format!(
+        "step {}: {} files, {} bytes in {}; relaunch.Checkpointer({:?}).latest() resumes from it",
+        pulled.step,
+        pulled.files,
+        pulled.bytes,
+        pulled.dir.display(),
+        args.dir.display().to_string()
     ));
     Ok(0)
 }

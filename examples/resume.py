@@ -1,0 +1,125 @@
+"""A DDP training job that resumes exactly where it stopped.
+
+    relaunch run --nproc-per-node 2 --server URL --run-id job42 examples/resume.py --ckpt-dir ckpt
+
+It trains a small MLP on a synthetic dataset with gloo (CPU, deterministic)
+and uses the three pieces a preemptible job needs:
+
+- ``relaunch.InterruptibleSampler`` deals the data like ``DistributedSampler``
+  and records how far the epoch got;
+- ``relaunch.Checkpointer`` commits model, optimizer, sampler and step every
+  ``--ckpt-every`` steps, atomically, and when the job is asked to stop;
+- ``relaunch.preemption`` makes every rank stop at the same step when the
+  launcher gets SIGTERM, so that step's checkpoint is forced on all ranks.
+
+Relaunched, it resumes from ``ckpt.latest()``: the loss of every step equals
+that of an uninterrupted run. Under ``relaunch run --server`` every rank
+logs its loss, and the Checkpointer ships each checkpoint to the server, so
+``relaunch ckpt pull RUN CKPT_DIR`` can bring it to a machine that never
+saw it. ``--losses FILE``: rank 0 appends ``step loss`` per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+import relaunch
+from relaunch import preemption
+
+
+def dataset(samples: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(samples, 16, generator=g)
+    y = torch.tanh(x @ torch.randn(16, 4, generator=g)) + 0.1 * torch.randn(samples, 4, generator=g)
+    return TensorDataset(x, y)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt-dir", type=Path, required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--ckpt-every", type=int, default=20)
+    p.add_argument("--step-time", type=float, default=0.0)
+    p.add_argument("--losses", type=Path, default=None)
+    a = p.parse_args()
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    run = relaunch.init(config=vars(a)) if os.environ.get("RELAUNCH_SERVER") else None
+
+    data = dataset(a.samples)
+    sampler = relaunch.InterruptibleSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=a.batch_size, sampler=sampler)
+    torch.manual_seed(0)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ckpt = relaunch.Checkpointer(a.ckpt_dir, keep_last=2, save_every=a.ckpt_every)
+
+    step = 0
+    resume = ckpt.latest()
+    if resume is not None:
+        state = resume.load_file("state.pt")
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sampler.load_state_dict(state["sampler"])
+        step = state["step"] + 1
+    print(f"rank {rank}: starting at step {step}, epoch {sampler.epoch}", flush=True)
+
+    stopped = False
+    for epoch in range(sampler.epoch, a.epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            began = time.monotonic()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            mean = mean.item() / dist.get_world_size()
+            if rank == 0 and a.losses is not None:
+                with a.losses.open("a") as f:
+                    f.write(f"{step} {mean!r}\n")
+            if run is not None:
+                run.log({"loss": loss.item(), "epoch": epoch}, step=step)
+            if a.step_time:
+                time.sleep(max(0.0, a.step_time - (time.monotonic() - began)))
+            stopped = preemption.reached(step)
+            with ckpt.save(step, force=stopped) as path:
+                if path is not None and rank == 0:
+                    state = {
+                        "model": model.module.state_dict(),
+                        "opt": opt.state_dict(),
+                        "sampler": sampler.state_dict(),
+                        "step": step,
+                    }
+                    torch.save(state, path / "state.pt")
+            step += 1
+            if stopped:
+                break
+        if stopped:
+            break
+    print(
+        f"rank {rank}: {'preempted' if stopped else 'finished'} after step {step - 1}", flush=True
+    )
+    ckpt.close()  # waits for the checkpoint's upload, if shipping
+    if run is not None:
+        run.finish(timeout=30)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
