@@ -166,6 +166,38 @@ class Run:
         """Record an event of the run (``text`` says what happened, ``data`` adds detail)."""
         self._native.event(kind, text, None if data is None else json.dumps(_plain(data, "data")))
 
+    def save_file(self, path: str | os.PathLike[str], name: str | None = None) -> str:
+        """Saves the file at ``path`` to the run as ``name`` (a relative path such
+        as ``ckpt/model.pt``; default: the file's own name).
+
+        Returns at once: the file is snapshotted into the client directory (a
+        hard link, else a copy), then uploaded in the background; only the
+        chunks the server lacks travel. :meth:`flush` and :meth:`finish` wait
+        for it. A crash before it is uploaded loses nothing: the next
+        ``init`` of this run, or ``relaunch sync``, uploads it.
+        """
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return self._native.save_file(os.fspath(path), name, False)
+
+    def save(self, obj: object, name: str) -> str:
+        """``torch.save(obj)`` into the client directory, then :meth:`save_file`
+        as ``name``: training waits only for the serialization."""
+        import tempfile
+
+        import torch
+
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        fd, tmp = tempfile.mkstemp(prefix=".save-", dir=os.path.dirname(self.dir))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(obj, f)
+            return self._native.save_file(tmp, name, True)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
     def flush(self, timeout: float | None = None) -> None:
         """Return once the server has acknowledged everything logged so far.
 

@@ -285,3 +285,55 @@ def test_bad_names_and_runs_get_clear_errors(tracking_server, tmp_path):
     for path_ in ("/api/v1/runs/r/files/..%2f..%2fetc%2fpasswd", "/api/v1/runs/r/files/%2e%2e/x"):
         status, body = request(server, "GET", path_)
         assert 400 <= status < 500 and json.loads(body)["error"], (path_, status)
+
+
+def test_save_file_snapshots_at_once_and_uploads_in_the_background(tracking_server, tmp_path):
+    server = tracking_server
+    run = relaunch.init("files", id="saver", server=server.url, dir=tmp_path / "spool")
+    path = random_file(tmp_path / "model.pt", 5 * MiB, seed=9)
+    original = path.read_bytes()
+    assert run.save_file(path, "ckpt/model.pt") == "ckpt/model.pt"
+    # Written again (by rename, as torch.save-then-move does) right away:
+    # what was saved is what save_file saw.
+    random_file(tmp_path / "next.pt", 5 * MiB, seed=10).rename(path)
+    run.save({"step": 7, "w": [1.0, 2.0]}, "state/last.pt")
+    run.finish(timeout=60)
+    got = relaunch.download("saver", "ckpt/model.pt", tmp_path / "back.pt", server=server.url)
+    assert got.path.read_bytes() == original
+    state = relaunch.download("saver", "state/last.pt", tmp_path / "last.pt", server=server.url)
+    import torch
+
+    assert torch.load(state.path) == {"step": 7, "w": [1.0, 2.0]}
+    assert not list((tmp_path / "spool").rglob("data"))  # nothing left waiting
+
+
+SAVER = """
+import os, sys, relaunch
+server, spool, path, mode = sys.argv[1:]
+run = relaunch.init("files", id="crashy", server=server, dir=spool, offline=mode == "offline")
+run.save_file(path, "weights.bin")
+os.kill(os.getpid(), 9)   # before any upload could finish
+"""
+
+
+def test_a_saved_file_outlives_its_process_and_is_uploaded_by_the_next(tracking_servers, tmp_path):
+    server = tracking_servers("--durability", "process")
+    spool = tmp_path / "spool"
+    path = random_file(tmp_path / "w.bin", 2 * MiB, seed=11)
+    assert server.stop() == 0  # down while the trainer saves
+    proc = subprocess.run([sys.executable, "-c", SAVER, server.url, spool, path, "online"])
+    assert proc.returncode == -signal.SIGKILL
+    assert list(spool.rglob(".uploads/*/data"))
+    server.start()
+    run = relaunch.init("files", id="crashy", server=server.url, dir=spool)
+    run.finish(timeout=60)  # the dead process's upload went with this one's
+    got = relaunch.download("crashy", "weights.bin", tmp_path / "a.bin", server=server.url)
+    assert got.path.read_bytes() == path.read_bytes()
+
+    # Offline, `relaunch sync` uploads it.
+    proc = subprocess.run([sys.executable, "-c", SAVER, server.url, spool, path, "offline"])
+    assert proc.returncode == -signal.SIGKILL
+    out = cli("sync", spool, "--server", server.url)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "uploaded weights.bin (2097152 bytes)" in out.stdout, out.stdout
+    assert not list(spool.rglob(".uploads/*/data"))

@@ -15,6 +15,7 @@ pub mod shipper;
 pub mod spool;
 pub mod sync;
 pub mod system;
+pub mod uploads;
 
 pub use error::{ClientError, ErrorKind};
 pub use http::Client;

@@ -19,6 +19,7 @@ use crate::http::{Client, check_run_id, normalize_server};
 use crate::local::{self, DEFAULT_DIR, WriterInfo};
 use crate::shipper::{Outbox, Shipper};
 use crate::spool::{Spool, SpoolError, SpoolOptions};
+use crate::uploads::{self, Uploader};
 
 /// How often the shipper looks for new records when nobody flushes.
 pub const DEFAULT_SHIP_INTERVAL: Duration = Duration::from_millis(100);
@@ -65,6 +66,12 @@ pub struct Run {
     spool: Arc<Mutex<Spool>>,
     scratch: Mutex<Scratch>,
     shipper: Mutex<Option<Shipper>>,
+    /// Uploads files saved with [`Run::save_file`] (and ones a dead process
+    /// of the run left); started when there is something to upload.
+    uploader: Mutex<Option<Uploader>>,
+    /// The client directory, where saved files wait to be uploaded.
+    client_dir: PathBuf,
+    token: Option<String>,
     /// The attempt number the shipper learned, kept once it has stopped.
     stopped_attempt: Mutex<Option<u32>>,
     lifecycle: bool,
@@ -234,11 +241,25 @@ impl Run {
             spool,
             scratch: Mutex::new(Scratch::default()),
             shipper: Mutex::new(shipper),
+            uploader: Mutex::new(None),
+            client_dir: dir.clone(),
+            token: token.clone(),
             stopped_attempt: Mutex::new(None),
             lifecycle: options.lifecycle_events.unwrap_or(!under_launcher),
             finished: AtomicBool::new(false),
             disowned: AtomicBool::new(false),
         };
+        if run.server.is_some() {
+            // Saved files a dead process of this run did not upload.
+            let left = uploads::pending(&run.client_dir, &run.id);
+            if !left.is_empty() {
+                tracing::info!(
+                    files = left.len(),
+                    "uploading files saved by an earlier process"
+                );
+                run.uploader(left)?;
+            }
+        }
         if run.lifecycle {
             let data = serde_json::json!({
                 "pid": std::process::id(),
@@ -365,10 +386,62 @@ impl Run {
     pub fn flush(&self, timeout: Option<Duration>) -> Result<(), ClientError> {
         self.check_owned()?;
         self.spool.lock().sync()?;
-        match self.shipper.lock().as_ref() {
-            Some(shipper) => shipper.flush(timeout),
+        let began = std::time::Instant::now();
+        if let Some(shipper) = self.shipper.lock().as_ref() {
+            shipper.flush(timeout)?;
+        }
+        match self.uploader.lock().as_ref() {
+            Some(uploader) => uploader.wait(timeout.map(|t| t.saturating_sub(began.elapsed()))),
             None => Ok(()),
         }
+    }
+
+    /// Saves the file at `path` to the run as `name` (default: its file
+    /// name): snapshotted at once (a hard link, else a copy; moved when
+    /// `take`), then uploaded in the background. Survives the process: a
+    /// later `init` of the run or `relaunch sync` uploads what it did not.
+    /// Offline, it waits for `relaunch sync`.
+    pub fn save_file(
+        &self,
+        path: &Path,
+        name: Option<&str>,
+        take: bool,
+    ) -> Result<String, ClientError> {
+        self.check_open()?;
+        let name = match name {
+            Some(name) => name.to_owned(),
+            None => path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| {
+                    ClientError::Config(format!("{} has no file name; give one", path.display()))
+                })?,
+        };
+        let intent = uploads::Intent {
+            run: self.id.clone(),
+            name: name.clone(),
+            server: self.server.clone(),
+            source: path.display().to_string(),
+        };
+        let dir = uploads::enqueue(&self.client_dir, &intent, path, take)?;
+        self.uploader(vec![dir])?;
+        Ok(name)
+    }
+
+    /// Starts the upload thread with `queue` (or adds to it).
+    fn uploader(&self, queue: Vec<PathBuf>) -> Result<(), ClientError> {
+        let Some(server) = &self.server else {
+            return Ok(());
+        };
+        let mut uploader = self.uploader.lock();
+        match uploader.as_ref() {
+            Some(running) => queue.into_iter().for_each(|d| running.push(d)),
+            None => {
+                let client = Client::new(server, self.token.as_deref())?;
+                *uploader = Some(Uploader::start(client, queue)?);
+            }
+        }
+        Ok(())
     }
 
     /// Records unacknowledged (offline: all of them), this process's and
@@ -411,6 +484,9 @@ impl Run {
     ) -> Result<(), ClientError> {
         self.end(error)?;
         self.flush(timeout)?;
+        if let Some(mut uploader) = self.uploader.lock().take() {
+            uploader.stop();
+        }
         let mut shipper = self.shipper.lock();
         if let Some(shipper) = shipper.take() {
             self.stop_shipper(shipper);
@@ -437,6 +513,9 @@ impl Run {
         if let Some(shipper) = shipper {
             self.stop_shipper(shipper);
         }
+        if let Some(mut uploader) = self.uploader.lock().take() {
+            uploader.stop();
+        }
         if let Err(e) = self.spool.lock().close() {
             tracing::warn!(dir = %self.writer_dir.display(), error = %e, "cannot close the spool");
         }
@@ -450,6 +529,9 @@ impl Run {
         self.disowned.store(true, Ordering::SeqCst);
         if let Some(shipper) = self.shipper.lock().take() {
             std::mem::forget(shipper);
+        }
+        if let Some(uploader) = self.uploader.lock().take() {
+            std::mem::forget(uploader);
         }
         std::mem::forget(self.spool.clone());
     }

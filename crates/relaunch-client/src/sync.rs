@@ -15,6 +15,7 @@ use crate::http::{Client, normalize_server};
 use crate::local::{self, Found};
 use crate::shipper::{Outbox, Shipper};
 use crate::spool::{Spool, SpoolError, SpoolOptions};
+use crate::uploads;
 
 #[derive(Clone, Debug, Default)]
 pub struct SyncOptions {
@@ -31,6 +32,8 @@ pub struct SyncOptions {
 pub enum Outcome {
     /// Its records are on the server and the spool is removed.
     Shipped { records: u64 },
+    /// A file saved with `run.save_file` is on the server, as `name`.
+    Uploaded { name: String, bytes: u64 },
     /// Nothing was left to ship; the spool is removed.
     Empty,
     /// A live process holds it and ships it itself.
@@ -153,7 +156,84 @@ pub fn sync(root: &Path, options: &SyncOptions) -> Result<Vec<Report>, ClientErr
             &mut reports,
         )?;
     }
+    // Saved files, after the records (which open their runs on the server).
+    for dir in pending_uploads(root) {
+        reports.push(upload_one(&dir, options, token.as_deref()));
+    }
     Ok(reports)
+}
+
+/// Pending uploads at or below `root`: `root` is the client directory or
+/// one run's (a writer's holds none).
+fn pending_uploads(root: &Path) -> Vec<PathBuf> {
+    let mut runs = vec![root.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(root) {
+        runs.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    let mut found = Vec::new();
+    for run in runs {
+        let (Some(parent), Some(name)) = (run.parent(), run.file_name()) else {
+            continue;
+        };
+        found.extend(uploads::pending(parent, &name.to_string_lossy()));
+    }
+    found
+}
+
+fn upload_one(dir: &Path, options: &SyncOptions, token: Option<&str>) -> Report {
+    let mut report = Report {
+        path: dir.to_path_buf(),
+        run: None,
+        writer: None,
+        outcome: Outcome::Empty,
+    };
+    let outcome = (|| {
+        let intent = uploads::read_intent(dir)?;
+        report.run = Some(intent.run.clone());
+        let server = options
+            .server
+            .clone()
+            .or_else(|| intent.server.clone())
+            .or_else(|| env::var(env::SERVER))
+            .ok_or_else(|| {
+                ClientError::Config(format!(
+                    "saved offline and no server given: pass --server URL or set {}",
+                    env::SERVER
+                ))
+            })?;
+        let client = Client::new(&server, token)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Config(format!("cannot start a runtime: {e}")))?;
+        let shipped = runtime.block_on(async {
+            match options.timeout {
+                Some(t) => tokio::time::timeout(t, uploads::ship(&client, dir))
+                    .await
+                    .map_err(|_| {
+                        ClientError::Timeout(format!(
+                            "the upload took over {:.1} s",
+                            t.as_secs_f64()
+                        ))
+                    })?,
+                None => uploads::ship(&client, dir).await,
+            }
+        })?;
+        Ok::<_, ClientError>(match shipped {
+            uploads::Shipped::Done(up) => Outcome::Uploaded {
+                name: up.file.name,
+                bytes: up.file.size,
+            },
+            uploads::Shipped::Busy => Outcome::InUse,
+        })
+    })();
+    report.outcome = outcome.unwrap_or_else(|e| Outcome::Failed(e.to_string()));
+    report
 }
 
 fn ship_to(

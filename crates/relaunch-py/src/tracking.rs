@@ -266,6 +266,19 @@ impl Run {
         self.inner.event(kind, text, &data).map_err(tracking_error)
     }
 
+    /// Snapshots the file and uploads it in the background; returns its name.
+    #[pyo3(signature = (path, name=None, take=false))]
+    fn save_file(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        name: Option<&str>,
+        take: bool,
+    ) -> PyResult<String> {
+        py.detach(|| self.inner.save_file(&path, name, take))
+            .map_err(tracking_error)
+    }
+
     #[pyo3(signature = (timeout=None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         wait_interruptibly(py, seconds(timeout)?, |slice| self.inner.flush(Some(slice)))

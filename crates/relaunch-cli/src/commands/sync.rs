@@ -40,6 +40,7 @@ fn line(report: &Report) -> String {
     }
     let outcome = match &report.outcome {
         Outcome::Shipped { records } => format!("shipped {records} {}", plural(*records, "record")),
+        Outcome::Uploaded { name, bytes } => format!("uploaded {name} ({bytes} bytes)"),
         Outcome::Empty => "nothing left to ship".to_owned(),
         Outcome::InUse => "in use by a live process, which ships it".to_owned(),
         Outcome::Failed(reason) => format!("failed: {reason}"),
@@ -52,21 +53,28 @@ fn summary(dir: &str, reports: &[Report]) -> String {
         return format!("no spools under {dir}: nothing to ship\n");
     }
     let (mut shipped, mut records, mut empty, mut in_use, mut failed) = (0, 0, 0, 0, 0);
+    let mut files = 0u64;
     for report in reports {
         match report.outcome {
             Outcome::Shipped { records: n } => {
                 shipped += 1;
                 records += n;
             }
+            Outcome::Uploaded { .. } => files += 1,
             Outcome::Empty => empty += 1,
             Outcome::InUse => in_use += 1,
             Outcome::Failed(_) => failed += 1,
         }
     }
-    let total = reports.len() as u64;
+    let total = reports.len() as u64 - files;
+    let uploaded = if files > 0 {
+        format!(", {files} saved {} uploaded", plural(files, "file"))
+    } else {
+        String::new()
+    };
     format!(
         "{total} {} under {dir}: {shipped} shipped ({records} {}), {empty} with nothing left, \
-         {in_use} in use, {failed} failed\n",
+         {in_use} in use, {failed} failed{uploaded}\n",
         plural(total, "spool"),
         plural(records, "record"),
     )
