@@ -22,6 +22,7 @@ saw it. ``--losses FILE``: rank 0 appends ``step loss`` per step.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from datetime import timedelta
@@ -118,6 +119,12 @@ def main() -> None:
     ckpt.close()  # waits for the checkpoint's upload, if shipping
     if run is not None:
         run.finish(timeout=30)
+    # DDP holds the process group, in reference cycles: free both while the
+    # interpreter is whole. A gloo group destroyed during interpreter
+    # teardown can abort the process ("terminate called without an active
+    # exception"; see pytorch/pytorch#179291).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -23,6 +23,7 @@ Options for demonstrations and tests:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -133,6 +134,12 @@ def main() -> None:
         }
         Path(f"{a.out}.{rank}").write_text(json.dumps(report))
     dist.barrier()
+    # DDP holds the process group, in reference cycles: free both while the
+    # interpreter is whole. A gloo group destroyed during interpreter
+    # teardown can abort the process ("terminate called without an active
+    # exception"; see pytorch/pytorch#179291).
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
     if run is not None:
         try:
