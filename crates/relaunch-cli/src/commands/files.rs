@@ -66,10 +66,7 @@ pub(crate) fn put(args: &FilesPutArgs) -> anyhow::Result<u8> {
         );
     }
     let bar = output::transfer_bar(&format!("uploading {name}"));
-    let progress = |done: u64, total: u64| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
+    let progress = follow(&bar);
     let uploaded = tracking::block_on(upload(&client, &args.run, &args.path, &name, &progress))?
         .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
     bar.finish_and_clear();
@@ -92,10 +89,7 @@ pub(crate) fn get(args: &FilesGetArgs) -> anyhow::Result<u8> {
         None => PathBuf::from(last_part(&args.name)),
     };
     let bar = output::transfer_bar(&format!("downloading {}", args.name));
-    let progress = |done: u64, total: u64| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
+    let progress = follow(&bar);
     let got = tracking::block_on(download(&client, &args.run, &args.name, &dest, &progress))?
         .map_err(|e| tracking::explain(e, &client, Some(&args.run)))?;
     bar.finish_and_clear();
@@ -118,10 +112,7 @@ pub(crate) fn get(args: &FilesGetArgs) -> anyhow::Result<u8> {
 pub(crate) fn pull(args: &CkptPullArgs) -> anyhow::Result<u8> {
     let client = tracking::connect(&args.connection)?;
     let bar = output::transfer_bar(&format!("pulling a checkpoint of {}", args.run));
-    let progress = |done: u64, total: u64| {
-        bar.set_length(total);
-        bar.set_position(done);
-    };
+    let progress = follow(&bar);
     let pulled = tracking::block_on(checkpoints::pull(
         &client, &args.run, args.step, &args.dir, &progress,
     ))?
@@ -136,6 +127,14 @@ pub(crate) fn pull(args: &CkptPullArgs) -> anyhow::Result<u8> {
         args.dir.display().to_string()
     ));
     Ok(0)
+}
+
+/// A transfer's progress callback that moves `bar`.
+fn follow(bar: &indicatif::ProgressBar) -> impl Fn(u64, u64) + Send + Sync + '_ {
+    move |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    }
 }
 
 fn last_part(name: &str) -> &str {
