@@ -93,6 +93,16 @@ def test_a_file_round_trips_and_a_changed_one_sends_only_what_changed(tracking_s
     assert got.path.read_bytes() == bytes(data)
     assert got.blake3 == second.blake3 and got.resumed_from == 0
 
+    status, body = request(server, "GET", "/api/v1/openapi.json")
+    assert status == 200
+    paths = json.loads(body)["paths"]
+    assert {
+        "/chunks/missing",
+        "/chunks/{hash}",
+        "/runs/{id}/files",
+        "/runs/{id}/files/{name}",
+    } <= set(paths)
+
     out = cli("files", "ls", "r", "--server", server.url, "--format", "json")
     assert out.returncode == 0, out.stderr
     listed = {f["name"]: f["size"] for f in json.loads(out.stdout)}
