@@ -1,0 +1,227 @@
+"""The checkpoint benchmark: what `relaunch.Checkpointer` costs over a plain
+`torch.save` of the same state to the same disk, same run, as ratios.
+
+    .venv/bin/python bench/ckpt/run.py [--repeat 5] [--sizes 256,1024] [--quick]
+
+One process, world size 1, CPU tensors: a transformer-like state_dict
+(blocks of attention and MLP weights, biases and norms, float32) of each
+size. Sides, run alternately `--repeat` times (the order rotating), each
+writing a new file into a fresh directory on the same disk, medians kept:
+- `torch.save`: `torch.save(state, DIR/model.pt)`, nothing else: the file
+  is in the page cache, not yet on disk;
+- `torch.save + fsync`: the same, then fsync of the file and of DIR, which
+  is what durability on its own costs;
+- `Checkpointer.save`: `with ckpt.save(step) as path: torch.save(state,
+  path / "model.pt")`, timed from entering the block until it returns,
+  committed: the file fsynced and hashed (BLAKE3), the manifest written
+  and fsynced, the directory renamed, `latest` swapped, DIR fsynced;
+- `save_async`: the time `ckpt.save_async(state, step)` blocks the caller
+  (the copy of the tensors to CPU memory), first call (buffers allocated)
+  and a later one (buffers reused); then `wait()`, untimed, and the time
+  until the checkpoint is committed, for the record.
+Before each sample `sync` flushes what earlier samples left dirty (untimed).
+Results go to stdout as a markdown table and to bench/out/ckpt.json. The
+ratio is the Checkpointer's time over the peer's (lower is better here:
+the targets are at most 1.1x and at most 0.2x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import relaunch
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+# No shipping to a tracking server and no agreement: one process on its own.
+for var in ("RELAUNCH_SERVER", "RELAUNCH_RUN_ID", "RELAUNCH_STORE", "RANK", "WORLD_SIZE"):
+    os.environ.pop(var, None)
+
+
+def state_dict(total: int) -> dict[str, torch.Tensor]:
+    """Blocks of a GPT-like layer (d=512: 12 MiB of float32 each) filling `total` bytes."""
+    d = 512
+    shapes = {
+        "attn.qkv.weight": (3 * d, d),
+        "attn.qkv.bias": (3 * d,),
+        "attn.proj.weight": (d, d),
+        "attn.proj.bias": (d,),
+        "ln1.weight": (d,),
+        "ln1.bias": (d,),
+        "mlp.fc.weight": (4 * d, d),
+        "mlp.fc.bias": (4 * d,),
+        "mlp.proj.weight": (d, 4 * d),
+        "mlp.proj.bias": (d,),
+        "ln2.weight": (d,),
+        "ln2.bias": (d,),
+    }
+    per_block = sum(4 * torch.Size(s).numel() for s in shapes.values())
+    g = torch.Generator().manual_seed(0)
+    return {
+        f"blocks.{i}.{k}": torch.randn(s, generator=g)
+        for i in range(max(1, round(total / per_block)))
+        for k, s in shapes.items()
+    }
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Bench:
+    def __init__(self, scratch: Path, repeat: int) -> None:
+        self.scratch = scratch
+        self.repeat = repeat
+        self.samples: dict[str, list[float]] = {}
+        self.rows: list[dict] = []
+
+    def fresh(self) -> Path:
+        os.sync()
+        return Path(tempfile.mkdtemp(prefix="ckpt-", dir=self.scratch))
+
+    def sample(self, key: str, seconds: float) -> None:
+        self.samples.setdefault(key, []).append(seconds)
+
+    def torch_save(self, state: dict, key: str, durable: bool) -> None:
+        d = self.fresh()
+        started = time.perf_counter()
+        torch.save(state, d / "model.pt")
+        if durable:
+            fsync(d / "model.pt")
+            fsync(d)
+        self.sample(key, time.perf_counter() - started)
+        shutil.rmtree(d)
+
+    def checkpointer(self, state: dict, key: str) -> None:
+        d = self.fresh()
+        ckpt = relaunch.Checkpointer(d, keep_last=None)
+        started = time.perf_counter()
+        with ckpt.save(1) as path:
+            torch.save(state, path / "model.pt")
+        self.sample(key, time.perf_counter() - started)
+        assert ckpt.latest(verify="full") is not None
+        ckpt.close()
+        shutil.rmtree(d)
+
+    def save_async(self, state: dict, key: str) -> None:
+        d = self.fresh()
+        ckpt = relaunch.Checkpointer(d, keep_last=None)
+        for step, which in ((1, "first"), (2, "later")):
+            os.sync()
+            started = time.perf_counter()
+            ckpt.save_async(state, step)
+            blocked = time.perf_counter()
+            ckpt.wait()
+            self.sample(f"{key} {which}", blocked - started)
+            self.sample(f"{key} {which} committed", time.perf_counter() - started)
+        assert ckpt.latest(verify="full").step == 2
+        ckpt.close()
+        shutil.rmtree(d)
+
+    def row(self, name: str, ours: str, theirs: str, peer: str, target: float | None) -> None:
+        a = statistics.median(self.samples[ours])
+        b = statistics.median(self.samples[theirs])
+        ratio = a / b
+        met = None if target is None else ratio <= target
+        self.rows.append(
+            dict(
+                name=name,
+                relaunch=a,
+                peer=b,
+                peer_name=peer,
+                ratio=ratio,
+                target=target,
+                met=met,
+                samples={"relaunch": self.samples[ours], peer: self.samples[theirs]},
+            )
+        )
+        print(f"{name:<64} relaunch {a:.3f} s  {peer} {b:.3f} s  ratio {ratio:.2f}x", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int)
+    p.add_argument("--sizes", help="state_dict sizes in MiB [256,1024]")
+    p.add_argument("--quick", action="store_true", help="64 MiB, 1 repeat")
+    p.add_argument("--scratch", type=Path, default=ROOT / "bench" / "out")
+    a = p.parse_args()
+    repeat = a.repeat or (1 if a.quick else 5)
+    sizes = [int(s) for s in (a.sizes or ("64" if a.quick else "256,1024")).split(",")]
+    a.scratch.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=a.scratch))
+    bench = Bench(scratch, repeat)
+    started = time.time()
+    print(
+        f"# checkpoint benchmark, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"median of {repeat}",
+        flush=True,
+    )
+    try:
+        for mib in sizes:
+            state = state_dict(mib * MIB)
+            size = f"{mib} MiB" if mib < 1024 else f"{mib // 1024} GiB"
+            sides = [
+                lambda s=state, k=size: bench.torch_save(s, f"{k} torch.save", False),
+                lambda s=state, k=size: bench.torch_save(s, f"{k} torch.save+fsync", True),
+                lambda s=state, k=size: bench.checkpointer(s, f"{k} Checkpointer"),
+                lambda s=state, k=size: bench.save_async(s, f"{k} save_async"),
+            ]
+            bench.torch_save(state, "warm-up", False)  # first-touch costs, not measured
+            for i in range(repeat):
+                for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
+                    side()
+            k = size
+            bench.row(f"{k}: commit vs torch.save", f"{k} Checkpointer", f"{k} torch.save",
+                      "torch.save", 1.1)  # fmt: skip
+            bench.row(f"{k}: commit vs torch.save + fsync", f"{k} Checkpointer",
+                      f"{k} torch.save+fsync", "torch.save+fsync", 1.1)  # fmt: skip
+            bench.row(f"{k}: save_async blocked, later saves", f"{k} save_async later",
+                      f"{k} torch.save", "torch.save", 0.2)  # fmt: skip
+            bench.row(f"{k}: save_async blocked, first save", f"{k} save_async first",
+                      f"{k} torch.save", "torch.save", None)  # fmt: skip
+            bench.row(f"{k}: save_async until committed", f"{k} save_async later committed",
+                      f"{k} torch.save", "torch.save", None)  # fmt: skip
+            del state
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(exist_ok=True)
+    result = {
+        "started": started,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "repeat": repeat,
+        "rows": bench.rows,
+        "samples": bench.samples,
+    }
+    (out_dir / ("ckpt.quick.json" if a.quick else "ckpt.json")).write_text(
+        json.dumps(result, indent=2)
+    )
+    print("\n| figure | relaunch | peer | ratio | target | met? |\n|---|---|---|---|---|---|")
+    for r in bench.rows:
+        target = "-" if r["target"] is None else f"<= {r['target']:g}x"
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        print(
+            f"| {r['name']} | {r['relaunch']:.3f} s | {r['peer_name']} {r['peer']:.3f} s "
+            f"| {r['ratio']:.2f}x | {target} | {met} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

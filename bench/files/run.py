@@ -1,0 +1,459 @@
+"""The files benchmark: relaunch's uploads against `cp` on the same disk and
+against ml-logger's fastest upload path, same run, reported as ratios.
+
+    bash bench/files/setup.sh                         # the peer's environment
+    .venv/bin/python bench/files/run.py [--repeat 3] [--quick]
+
+Figures (every side alternately, `--repeat` times, medians):
+- a fresh file of random bytes (4 GiB) uploaded over loopback by
+  `relaunch.upload_file` to a `relaunch server` with an empty data directory
+  (default durability: every chunk fsynced before it is acknowledged),
+  against `cp` of the same file on the same disk followed by an fsync of
+  the copy, and against ml-logger 0.10.36's `save_file` path (a pycurl
+  multipart POST of the file) to its own server. The source is in the page
+  cache for every side; each side starts with no dirty pages (`sync`
+  before, untimed). The same upload again under another name (the server
+  has every chunk, nothing is sent) shows the client's chunking and
+  hashing on their own;
+- a checkpoint (a torch state_dict of GPT-like blocks saved with
+  `torch.save`, 360 MiB) uploaded, then the next one with 10% of its weight
+  bytes changed: bytes the second upload sends as a share of the file, when
+  whole layers changed (3 of 30 blocks) and when single tensors scattered
+  over the file changed.
+Results go to stdout as a markdown table and to bench/out/files.json. The
+ratio is relaunch's advantage: above 1 means relaunch took less time or sent
+fewer bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from relaunch._subprocess import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PEER_PY = HERE / ".venv" / "bin" / "python"
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit == "%":
+        return f"{value:.1f}%"
+    if unit == "s":
+        return f"{value:.2f} s"
+    return f"{value:,.0f} {unit}"
+
+
+def size_name(n: int) -> str:
+    return f"{n // GIB} GiB" if n % GIB == 0 else f"{n // MIB} MiB"
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_random(path: Path, size: int) -> None:
+    block = 64 * MIB
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(block, left)
+            f.write(os.urandom(n))
+            left -= n
+    fsync_path(path)
+
+
+def run_json(cmd: list[str], timeout: float = 3600) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{out.stdout}\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlLoggerServer:
+    """ml-logger's server (`python -m ml_logger.server`, through the shim
+    `mll_server.py`), with sanic's request limits raised so 4 GiB fit."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        env = dict(os.environ)
+        # sanic 20.9 reads SANIC_* settings from the environment; its default
+        # body limit is 100 MB and its request timeout 60 s.
+        env.update(
+            SANIC_REQUEST_MAX_SIZE=str(64 * GIB),
+            SANIC_REQUEST_TIMEOUT="3600",
+            SANIC_RESPONSE_TIMEOUT="3600",
+        )
+        self.log = open(logdir.parent / "ml-logger-server.log", "wb")
+        server = [str(PEER_PY), str(HERE / "mll_server.py"), "--logdir", str(logdir)]
+        self.proc = subprocess.Popen(
+            [*server, "--port", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("ml-logger's server did not start; see its log") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class RelaunchServer:
+    """A fresh `relaunch server` with an empty data directory: every upload
+    is a first upload (the chunk store would otherwise skip it all)."""
+
+    def __init__(self, scratch: Path) -> None:
+        self.data = Path(tempfile.mkdtemp(prefix="relaunch-data-", dir=scratch))
+        self.server = ServerProcess(self.data)
+        self.url = self.server.url
+
+    def new_run(self, run: str) -> str:
+        body = json.dumps({"id": run, "attempt_token": "t"}).encode()
+        req = urllib.request.Request(
+            f"{self.url}/api/v1/runs",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+        return run
+
+    def stop(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+class Bench:
+    def __init__(self, scratch: Path, repeat: int) -> None:
+        self.scratch = scratch
+        self.repeat = repeat
+        self.rows: list[dict] = []
+        self.samples: dict[str, list[float]] = {}
+
+    def sample(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    def row(self, name: str, unit: str, ours: str, theirs: str, peer: str, target, **extra):
+        """A row comparing the medians of two sample series (lower is better)."""
+        a = statistics.median(self.samples[ours])
+        b = statistics.median(self.samples[theirs])
+        ratio = b / a
+        met = None if target is None else ratio >= target
+        row = dict(
+            name=name,
+            unit=unit,
+            relaunch=a,
+            peer=b,
+            peer_name=peer,
+            ratio=ratio,
+            target=target,
+            met=met,
+            samples={"relaunch": self.samples[ours], peer: self.samples[theirs]},
+            **extra,
+        )
+        self.rows.append(row)
+        print(
+            f"{name:<70} relaunch {fmt(a, unit)}  {peer} {fmt(b, unit)}  ratio {ratio:5.2f}x",
+            flush=True,
+        )
+        return row
+
+    # --- the sides of the upload figure -----------------------------------------
+
+    def cp(self, src: Path) -> None:
+        dst = self.scratch / "cp-copy.bin"
+        os.sync()
+        started = time.perf_counter()
+        subprocess.run(["cp", str(src), str(dst)], check=True)
+        copied = time.perf_counter()
+        fsync_path(dst)
+        synced = time.perf_counter()
+        self.sample("cp", copied - started)
+        self.sample("cp+fsync", synced - started)
+        dst.unlink()
+
+    def relaunch(self, src: Path, key: str) -> dict:
+        server = RelaunchServer(self.scratch)
+        try:
+            run = server.new_run("bench-files")
+            os.sync()
+            cmd = [sys.executable, str(HERE / "clients.py"), "relaunch", server.url, run]
+            done = run_json([*cmd, str(src), src.name])
+            # Again, under another name: the server has every chunk, so this
+            # is the client's reading, chunking and hashing alone.
+            again = run_json([*cmd, str(src), f"again-{src.name}"])
+            assert again["sent_bytes"] == 0, again
+        finally:
+            server.stop()
+        self.sample(key, done["seconds"])
+        self.sample(f"{key} again", again["seconds"])
+        return done
+
+    def ml_logger(self, peer: MlLoggerServer, src: Path, key: str) -> dict:
+        os.sync()
+        cmd = [str(PEER_PY), str(HERE / "clients.py"), "ml-logger", peer.url]
+        done = run_json([*cmd, str(src), f"bench/{src.name}"])
+        (peer.logdir / "bench" / src.name).unlink()
+        self.sample(key, done["seconds"])
+        return done
+
+
+def make_checkpoints(
+    scratch: Path, total: int, share: float, pattern: str
+) -> tuple[Path, Path, float]:
+    """Two torch.save files of one transformer-like state_dict (blocks of a
+    GPT-like layer, d=512: attention and MLP weights, biases, layer norms,
+    12 MiB of float32; d=256 for small sizes), where in the second about
+    `share` of the weight bytes have new values, as when part of a model
+    trains between two checkpoints. `pattern` "layers": every tensor of
+    round(share * blocks) blocks chosen at random (fixed seed); "tensors":
+    single tensors chosen at random, up to `share` of the bytes. Returns the
+    paths and the share of the weight bytes that changed."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    d = 512 if total >= 256 * MIB else 256
+    shapes = {
+        "attn.qkv.weight": (3 * d, d),
+        "attn.qkv.bias": (3 * d,),
+        "attn.proj.weight": (d, d),
+        "attn.proj.bias": (d,),
+        "ln1.weight": (d,),
+        "ln1.bias": (d,),
+        "mlp.fc.weight": (4 * d, d),
+        "mlp.fc.bias": (4 * d,),
+        "mlp.proj.weight": (d, 4 * d),
+        "mlp.proj.bias": (d,),
+        "ln2.weight": (d,),
+        "ln2.bias": (d,),
+    }
+    per_block = sum(4 * torch.Size(s).numel() for s in shapes.values())
+    blocks = max(1, round(total / per_block))
+    state = {
+        f"blocks.{i}.{k}": torch.randn(s, generator=g)
+        for i in range(blocks)
+        for k, s in shapes.items()
+    }
+    # The same file name in both: torch.save names the zip archive's top
+    # directory after the file, and that name heads every tensor's record.
+    d1, d2 = scratch / f"{pattern}-1", scratch / f"{pattern}-2"
+    first, second = d1 / "model.pt", d2 / "model.pt"
+    d1.mkdir()
+    d2.mkdir()
+    torch.save(state, first)
+    weight_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    if pattern == "layers":
+        chosen = torch.randperm(blocks, generator=g)[: max(1, round(share * blocks))].tolist()
+        names = [n for n in state if int(n.split(".")[1]) in chosen]
+    else:
+        names, budget = [], share * weight_bytes
+        for i in torch.randperm(len(state), generator=g).tolist():
+            name = list(state)[i]
+            size = state[name].numel() * state[name].element_size()
+            if size <= budget:  # up to the share, not past it
+                names.append(name)
+                budget -= size
+    for name in names:
+        t = state[name]
+        t.add_(torch.randn(t.shape, generator=g) * 1e-3)  # a training step's update
+    torch.save(state, second)
+    changed = sum(state[n].numel() * state[n].element_size() for n in names)
+    return first, second, changed / weight_bytes
+
+
+def reupload(
+    bench: Bench, peer: MlLoggerServer, scratch: Path, total: int, pattern: str, what: str
+) -> None:
+    """A checkpoint uploaded, then the next one with ~10% of its weights
+    changed: the bytes the second upload sends, as a share of the file, and
+    its time; ml-logger sends the whole file again."""
+    first, second, changed = make_checkpoints(scratch, total, 0.10, pattern)
+    uploads: dict[str, dict] = {}
+    for _ in range(bench.repeat):
+        server = RelaunchServer(scratch)
+        try:
+            run = server.new_run("bench-ckpt")
+            cmd = [sys.executable, str(HERE / "clients.py"), "relaunch", server.url, run]
+            run_json([*cmd, str(first), "step_1/model.pt"])
+            os.sync()
+            done = run_json([*cmd, str(second), "step_2/model.pt"])
+        finally:
+            server.stop()
+        bench.sample(f"{pattern}-relaunch", done["seconds"])
+        bench.sample(f"{pattern}-relaunch-sent", 100 * done["sent_bytes"] / done["size"])
+        theirs = bench.ml_logger(peer, second, f"{pattern}-ml-logger")
+        bench.sample(f"{pattern}-ml-logger-sent", 100 * theirs["sent_bytes"] / theirs["size"])
+        uploads = {"relaunch": done, "ml-logger": theirs}
+    ckpt = f"{second.stat().st_size / MIB:.0f} MiB checkpoint"
+    row = bench.row(
+        f"re-upload of a {ckpt}, {changed:.1%} of its weights changed ({what}): bytes sent",
+        "%",
+        f"{pattern}-relaunch-sent",
+        f"{pattern}-ml-logger-sent",
+        "ml-logger",
+        None,
+        changed_share=changed,
+        file_bytes=second.stat().st_size,
+        uploads=uploads,
+    )
+    row["target"], row["met"] = "<= 15%", row["relaunch"] <= 15.0
+    bench.row(
+        f"re-upload of that checkpoint ({what}): time",
+        "s",
+        f"{pattern}-relaunch",
+        f"{pattern}-ml-logger",
+        "ml-logger",
+        None,
+    )
+    shutil.rmtree(first.parent)
+    shutil.rmtree(second.parent)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int)
+    p.add_argument("--size-mib", type=int, help="the uploaded file [4096]")
+    p.add_argument("--ckpt-mib", type=int, help="the re-uploaded checkpoint [360]")
+    p.add_argument("--quick", action="store_true", help="256 MiB, a 36 MiB checkpoint, 1 repeat")
+    p.add_argument("--scratch", type=Path, default=ROOT / "bench" / "out")
+    a = p.parse_args()
+    quick = (1, 256, 36) if a.quick else (3, 4096, 360)
+    a.repeat = a.repeat or quick[0]
+    a.size_mib = a.size_mib or quick[1]
+    a.ckpt_mib = a.ckpt_mib or quick[2]
+    size = a.size_mib * MIB
+    subprocess.run(["bash", str(HERE / "setup.sh")], check=True)
+    a.scratch.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="files-bench-", dir=a.scratch))
+    bench = Bench(scratch, a.repeat)
+    started = time.time()
+    peer = None
+    try:
+        versions = run_json([str(PEER_PY), "-c", VERSIONS])
+        print(f"# files benchmark, {os.cpu_count()} CPUs, median of {a.repeat}, {versions}")
+        src = scratch / "random.bin"
+        write_random(src, size)
+        peer = MlLoggerServer(scratch / "ml-logger-data")
+        sides = [
+            lambda: bench.cp(src),
+            lambda: bench.relaunch(src, "relaunch"),
+            lambda: bench.ml_logger(peer, src, "ml-logger"),
+        ]
+        for i in range(a.repeat):
+            # A different side goes first each round.
+            for side in sides[i % 3 :] + sides[: i % 3]:
+                side()
+        name = size_name(size)
+        bench.row(
+            f"upload {name} over loopback vs cp + fsync of the copy, same disk",
+            "s",
+            "relaunch",
+            "cp+fsync",
+            "cp",
+            0.8,
+        )
+        bench.row(
+            f"upload {name} vs cp alone (page cache, no fsync)", "s", "relaunch", "cp", "cp", None
+        )
+        bench.row(
+            f"the same {name} uploaded again (nothing sent: chunking and hashing) vs cp + fsync",
+            "s",
+            "relaunch again",
+            "cp+fsync",
+            "cp",
+            None,
+        )
+        bench.row(
+            f"upload {name} vs ml-logger (pycurl multipart POST to its server)",
+            "s",
+            "relaunch",
+            "ml-logger",
+            "ml-logger",
+            3.0,
+        )
+        src.unlink()
+
+        reupload(bench, peer, scratch, a.ckpt_mib * MIB, "layers", "whole layers")
+        reupload(bench, peer, scratch, a.ckpt_mib * MIB, "tensors", "tensors scattered")
+    finally:
+        if peer is not None:
+            peer.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    out_dir = ROOT / "bench" / "out"
+    out_dir.mkdir(exist_ok=True)
+    result = {
+        "started": started,
+        "cpus": os.cpu_count(),
+        "repeat": a.repeat,
+        "size_bytes": size,
+        "peer_versions": versions,
+        "rows": bench.rows,
+    }
+    (out_dir / ("files.quick.json" if a.quick else "files.json")).write_text(
+        json.dumps(result, indent=2)
+    )
+    print("\n| figure | relaunch | peer | ratio | target | met? |\n|---|---|---|---|---|---|")
+    for r in bench.rows:
+        target = r["target"]
+        if isinstance(target, float):
+            target = f">= {target:g}x"
+        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        print(
+            f"| {r['name']} | {fmt(r['relaunch'], r['unit'])} | {r['peer_name']} "
+            f"{fmt(r['peer'], r['unit'])} | {r['ratio']:.2f}x | {target or '-'} | {met} |"
+        )
+
+
+VERSIONS = """
+import json
+from importlib.metadata import version
+import pycurl
+out = {p: version(p) for p in ["ml-logger", "pycurl", "sanic"]}
+print(json.dumps(out | {"libcurl": pycurl.version_info()[1]}))
+"""
+
+if __name__ == "__main__":
+    main()
