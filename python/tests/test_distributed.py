@@ -46,6 +46,12 @@ WORKER = textwrap.dedent(
     }
     with open(sys.argv[1], "w") as f:
         json.dump(out, f)
+    # DDP holds the process group in reference cycles: free it while the
+    # interpreter is whole, or gloo may abort during teardown ("terminate
+    # called without an active exception"; pytorch/pytorch#179291).
+    import gc
+    del model, opt, loss
+    gc.collect()
     dist.destroy_process_group()
     """
 )
