@@ -28,7 +28,6 @@ the targets are at most 1.1x and at most 0.2x).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -42,6 +41,10 @@ import torch
 import relaunch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import fsync_path, gpt_state_dict, write_result  # noqa: E402
+
 MIB = 1 << 20
 # No shipping to a tracking server and no agreement: one process on its own.
 for var in ("RELAUNCH_SERVER", "RELAUNCH_RUN_ID", "RELAUNCH_STORE", "RANK", "WORLD_SIZE"):
@@ -49,37 +52,8 @@ for var in ("RELAUNCH_SERVER", "RELAUNCH_RUN_ID", "RELAUNCH_STORE", "RANK", "WOR
 
 
 def state_dict(total: int) -> dict[str, torch.Tensor]:
-    """Blocks of a GPT-like layer (d=512: 12 MiB of float32 each) filling `total` bytes."""
-    d = 512
-    shapes = {
-        "attn.qkv.weight": (3 * d, d),
-        "attn.qkv.bias": (3 * d,),
-        "attn.proj.weight": (d, d),
-        "attn.proj.bias": (d,),
-        "ln1.weight": (d,),
-        "ln1.bias": (d,),
-        "mlp.fc.weight": (4 * d, d),
-        "mlp.fc.bias": (4 * d,),
-        "mlp.proj.weight": (d, 4 * d),
-        "mlp.proj.bias": (d,),
-        "ln2.weight": (d,),
-        "ln2.bias": (d,),
-    }
-    per_block = sum(4 * torch.Size(s).numel() for s in shapes.values())
-    g = torch.Generator().manual_seed(0)
-    return {
-        f"blocks.{i}.{k}": torch.randn(s, generator=g)
-        for i in range(max(1, round(total / per_block)))
-        for k, s in shapes.items()
-    }
-
-
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """GPT-like blocks (d=512: 12 MiB of float32 each) filling `total` bytes."""
+    return gpt_state_dict(total, 512, torch.Generator().manual_seed(0))[0]
 
 
 class Bench:
@@ -101,8 +75,8 @@ class Bench:
         started = time.perf_counter()
         torch.save(state, d / "model.pt")
         if durable:
-            fsync(d / "model.pt")
-            fsync(d)
+            fsync_path(d / "model.pt")
+            fsync_path(d)
         self.sample(key, time.perf_counter() - started)
         shutil.rmtree(d)
 
@@ -199,8 +173,6 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    out_dir = ROOT / "bench" / "out"
-    out_dir.mkdir(exist_ok=True)
     result = {
         "started": started,
         "cpus": os.cpu_count(),
@@ -210,9 +182,7 @@ def main() -> None:
         "rows": bench.rows,
         "samples": bench.samples,
     }
-    (out_dir / ("ckpt.quick.json" if a.quick else "ckpt.json")).write_text(
-        json.dumps(result, indent=2)
-    )
+    write_result("ckpt.quick" if a.quick else "ckpt", result)
     print("\n| figure | relaunch | peer | ratio | target | met? |\n|---|---|---|---|---|---|")
     for r in bench.rows:
         target = "-" if r["target"] is None else f"<= {r['target']:g}x"

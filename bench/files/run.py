@@ -43,6 +43,10 @@ from pathlib import Path
 from relaunch._subprocess import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import free_port, fsync_path, gpt_state_dict, run_json, write_result  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 PEER_PY = HERE / ".venv" / "bin" / "python"
 GIB = 1 << 30
@@ -61,14 +65,6 @@ def size_name(n: int) -> str:
     return f"{n // GIB} GiB" if n % GIB == 0 else f"{n // MIB} MiB"
 
 
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_random(path: Path, size: int) -> None:
     block = 64 * MIB
     with open(path, "wb") as f:
@@ -78,19 +74,6 @@ def write_random(path: Path, size: int) -> None:
             f.write(os.urandom(n))
             left -= n
     fsync_path(path)
-
-
-def run_json(cmd: list[str], timeout: float = 3600) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{out.stdout}\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlLoggerServer:
@@ -254,28 +237,7 @@ def make_checkpoints(
     import torch
 
     g = torch.Generator().manual_seed(0)
-    d = 512 if total >= 256 * MIB else 256
-    shapes = {
-        "attn.qkv.weight": (3 * d, d),
-        "attn.qkv.bias": (3 * d,),
-        "attn.proj.weight": (d, d),
-        "attn.proj.bias": (d,),
-        "ln1.weight": (d,),
-        "ln1.bias": (d,),
-        "mlp.fc.weight": (4 * d, d),
-        "mlp.fc.bias": (4 * d,),
-        "mlp.proj.weight": (d, 4 * d),
-        "mlp.proj.bias": (d,),
-        "ln2.weight": (d,),
-        "ln2.bias": (d,),
-    }
-    per_block = sum(4 * torch.Size(s).numel() for s in shapes.values())
-    blocks = max(1, round(total / per_block))
-    state = {
-        f"blocks.{i}.{k}": torch.randn(s, generator=g)
-        for i in range(blocks)
-        for k, s in shapes.items()
-    }
+    state, blocks = gpt_state_dict(total, 512 if total >= 256 * MIB else 256, g)
     # The same file name in both: torch.save names the zip archive's top
     # directory after the file, and that name heads every tensor's record.
     d1, d2 = scratch / f"{pattern}-1", scratch / f"{pattern}-2"
@@ -422,8 +384,6 @@ def main() -> None:
             peer.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
-    out_dir = ROOT / "bench" / "out"
-    out_dir.mkdir(exist_ok=True)
     result = {
         "started": started,
         "cpus": os.cpu_count(),
@@ -432,9 +392,7 @@ def main() -> None:
         "peer_versions": versions,
         "rows": bench.rows,
     }
-    (out_dir / ("files.quick.json" if a.quick else "files.json")).write_text(
-        json.dumps(result, indent=2)
-    )
+    write_result("files.quick" if a.quick else "files", result)
     print("\n| figure | relaunch | peer | ratio | target | met? |\n|---|---|---|---|---|---|")
     for r in bench.rows:
         target = r["target"]

@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import free_port, write_result  # noqa: E402
+from common import run_json as common_run_json  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "workload.py"
 OURS_PY = Path(sys.executable)
@@ -75,10 +79,7 @@ def env_for(command: list) -> dict | None:
 
 
 def run_json(cmd: list, timeout: float = 3600) -> dict:
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env_for(cmd))
-    if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return common_run_json(cmd, timeout, env=env_for(cmd))
 
 
 def wait_http(url: str, deadline: float, what: str) -> None:
@@ -92,12 +93,6 @@ def wait_http(url: str, deadline: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not answer {url}")
         time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -456,8 +451,6 @@ def main() -> None:
                 server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    out_dir = ROOT / "bench" / "out"
-    out_dir.mkdir(exist_ok=True)
     result = {
         "started": started,
         "cpus": os.cpu_count(),
@@ -466,7 +459,7 @@ def main() -> None:
         "rows": [{**r.__dict__, "ratio": r.ratio} for r in bench.rows],
         "raw": bench.extra,
     }
-    (out_dir / "tracking.json").write_text(json.dumps(result, indent=2))
+    write_result("tracking", result)
     print("\n| figure | relaunch | peer | peer's figure | ratio | target | met? |")
     print("|---|---|---|---|---|---|---|")
     for r in bench.rows:

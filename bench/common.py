@@ -1,0 +1,76 @@
+"""What the benchmarks share: results under bench/out, child processes that
+answer one JSON line, ports, fsync, and the synthetic model state the file
+and checkpoint benchmarks save. Each `bench/*/run.py` puts `bench/` on
+`sys.path` and imports this module."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+
+
+def write_result(name: str, result: Any) -> Path:
+    """Writes `bench/out/NAME.json`; returns its path."""
+    OUT.mkdir(exist_ok=True)
+    path = OUT / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path
+
+
+def run_json(cmd: list, timeout: float = 3600, env: dict[str, str] | None = None) -> dict:
+    """Runs `cmd`, which prints its result as the last line of stdout, in JSON."""
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def gpt_state_dict(total: int, d: int, generator: Any) -> tuple[dict, int]:
+    """A transformer-like state_dict of about `total` bytes of float32: blocks of
+    a GPT-like layer of width `d` (attention and MLP weights, biases, layer
+    norms; 12 MiB a block at d=512). Returns it and its number of blocks."""
+    import torch
+
+    shapes = {
+        "attn.qkv.weight": (3 * d, d),
+        "attn.qkv.bias": (3 * d,),
+        "attn.proj.weight": (d, d),
+        "attn.proj.bias": (d,),
+        "ln1.weight": (d,),
+        "ln1.bias": (d,),
+        "mlp.fc.weight": (4 * d, d),
+        "mlp.fc.bias": (4 * d,),
+        "mlp.proj.weight": (d, 4 * d),
+        "mlp.proj.bias": (d,),
+        "ln2.weight": (d,),
+        "ln2.bias": (d,),
+    }
+    per_block = sum(4 * torch.Size(s).numel() for s in shapes.values())
+    blocks = max(1, round(total / per_block))
+    state = {
+        f"blocks.{i}.{k}": torch.randn(s, generator=generator)
+        for i in range(blocks)
+        for k, s in shapes.items()
+    }
+    return state, blocks
