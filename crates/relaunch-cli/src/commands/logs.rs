@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use relaunch_api::{LogLine, RunStatus, Stream};
 use relaunch_client::http::LogsQuery;
 use relaunch_client::{Client, ClientError};
@@ -25,7 +24,7 @@ const STATUS_POLL: Duration = Duration::from_secs(1);
 pub(crate) fn run(args: &LogsArgs) -> anyhow::Result<u8> {
     let client = tracking::connect(&args.connection)?;
     tracking::block_on(async {
-        let stop = stop_signal()?;
+        let stop = super::stop_signal(None)?;
         let printing = print_lines(&client, args);
         tokio::select! {
             result = printing => result,
@@ -114,19 +113,6 @@ fn render(lines: &[LogLine]) -> String {
         s.push_str(&format!("[rank {}{stream}] {}\n", line.rank, line.text));
     }
     s
-}
-
-/// Completes on the first SIGTERM or SIGINT; handlers are installed now.
-fn stop_signal() -> anyhow::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-        }
-    })
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let shutdown = shutdown_signal()?;
+        let shutdown = super::stop_signal(Some("stopping: finishing the requests in flight"))?;
         // Refuse an exposed address without a token before listening on it.
         let wanted = tokio::net::lookup_host((args.host.as_str(), args.port))
             .await
@@ -61,19 +61,5 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         storage.close();
         tracing::info!("stopped");
         Ok(0)
-    })
-}
-
-/// Completes on the first SIGTERM or SIGINT; handlers are installed now.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(async move {
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        tracing::info!(signal = name, "stopping: finishing the requests in flight");
     })
 }

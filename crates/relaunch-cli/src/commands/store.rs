@@ -20,7 +20,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         // Handlers first: a SIGTERM right after `listening on` must stop the
         // server cleanly, not kill it.
-        let shutdown = shutdown_signals()?;
+        let shutdown = super::stop_signal(Some("stopping"))?;
         let server = StoreServer::bind(&options).await?;
         for addr in server.local_addrs() {
             output::status(&format!("listening on {addr}"));
@@ -50,21 +50,6 @@ fn server_options(args: &ServeArgs) -> anyhow::Result<ServerOptions> {
         port: args.port,
         limits,
         threads: args.threads,
-    })
-}
-
-/// Installs SIGTERM and SIGINT handlers; the returned future completes on
-/// the first of them.
-fn shutdown_signals() -> anyhow::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(async move {
-        let name = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        tracing::info!(signal = name, "stopping");
     })
 }
 
