@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{BufReader, Read as _, Write as _};
+use std::io::{BufReader, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -281,19 +281,11 @@ pub async fn download(
     })
 }
 
-/// BLAKE3 of a file, read in 1 MiB pieces.
+/// BLAKE3 of a file, hex.
 pub fn hash_file(path: &Path) -> Result<String, ClientError> {
-    let mut file = File::open(path).map_err(ClientError::io("open", path))?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(ClientError::io("read", path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finalize().to_hex().to_string())
+    crate::hash::blake3_of_file(path)
+        .map(|h| h.to_hex().to_string())
+        .map_err(ClientError::io("hash", path))
 }
 
 #[cfg(test)]

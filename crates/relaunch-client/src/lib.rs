@@ -8,6 +8,7 @@ pub mod checkpoints;
 pub mod env;
 pub mod error;
 pub mod files;
+pub mod hash;
 pub mod http;
 pub mod local;
 pub mod run;
