@@ -64,6 +64,38 @@ pub struct MissingChunks {
     pub missing: Vec<String>,
 }
 
+/// Cuts what `reader` holds into the protocol's chunks (FastCDC with
+/// [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`]; BLAKE3 names), calls
+/// `each(offset, bytes, chunk)` for each in order, and returns the manifest
+/// of the whole as `name`. The client and the server's plain `PUT` both cut
+/// with this, so the same bytes give the same chunks whichever way they came.
+pub fn cut<E: From<std::io::Error>>(
+    reader: impl std::io::Read,
+    name: &str,
+    mut each: impl FnMut(u64, &[u8], &ChunkRef) -> Result<(), E>,
+) -> Result<FileManifest, E> {
+    let mut whole = blake3::Hasher::new();
+    let mut chunks = Vec::new();
+    let mut size = 0u64;
+    for piece in fastcdc::v2020::StreamCDC::new(reader, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX) {
+        let piece = piece.map_err(|e| std::io::Error::other(e.to_string()))?;
+        whole.update(&piece.data);
+        let chunk = ChunkRef {
+            hash: blake3::hash(&piece.data).to_hex().to_string(),
+            size: piece.data.len() as u64,
+        };
+        each(piece.offset, &piece.data, &chunk)?;
+        size += chunk.size;
+        chunks.push(chunk);
+    }
+    Ok(FileManifest {
+        name: name.to_owned(),
+        size,
+        blake3: whole.finalize().to_hex().to_string(),
+        chunks,
+    })
+}
+
 /// A chunk hash: 64 lowercase hex digits (it names a file on the server).
 pub fn check_hash(hash: &str) -> Result<(), String> {
     if hash.len() == 64 && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {

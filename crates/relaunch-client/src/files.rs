@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
-use relaunch_api::files::{CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MAX_MISSING_QUERY, check_file_name};
+use relaunch_api::files::{MAX_MISSING_QUERY, check_file_name};
 use relaunch_api::{ChunkRef, FileInfo, FileManifest};
 
 use crate::error::{ClientError, ErrorKind};
@@ -64,31 +64,15 @@ pub fn manifest(path: &Path, name: &str) -> Result<FileManifest, ClientError> {
 fn cut(path: &Path, name: &str) -> Result<(FileManifest, Vec<Piece>), ClientError> {
     check_file_name(name).map_err(ClientError::Config)?;
     let file = File::open(path).map_err(ClientError::io("open", path))?;
-    let mut whole = blake3::Hasher::new();
     let mut pieces = Vec::new();
-    let mut size = 0u64;
-    let cutter =
-        fastcdc::v2020::StreamCDC::new(BufReader::new(file), CHUNK_MIN, CHUNK_AVG, CHUNK_MAX);
-    for chunk in cutter {
-        let chunk = chunk
-            .map_err(|e| ClientError::io("read", path)(std::io::Error::other(e.to_string())))?;
-        whole.update(&chunk.data);
-        let data_len = chunk.data.len() as u64;
+    let manifest = relaunch_api::files::cut(BufReader::new(file), name, |offset, _, chunk| {
         pieces.push(Piece {
-            offset: chunk.offset,
-            chunk: ChunkRef {
-                hash: blake3::hash(&chunk.data).to_hex().to_string(),
-                size: data_len,
-            },
+            offset,
+            chunk: chunk.clone(),
         });
-        size += data_len;
-    }
-    let manifest = FileManifest {
-        name: name.to_owned(),
-        size,
-        blake3: whole.finalize().to_hex().to_string(),
-        chunks: pieces.iter().map(|p| p.chunk.clone()).collect(),
-    };
+        Ok::<(), std::io::Error>(())
+    })
+    .map_err(ClientError::io("read", path))?;
     Ok((manifest, pieces))
 }
 

@@ -40,6 +40,12 @@ impl AppError {
     }
 }
 
+impl From<std::io::Error> for AppError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Internal(format!("cannot read the upload's scratch file: {e}"))
+    }
+}
+
 impl From<StorageError> for AppError {
     fn from(e: StorageError) -> Self {
         match e {

@@ -23,9 +23,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
-use relaunch_api::files::{
-    CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MAX_MISSING_QUERY, check_file_name, check_hash,
-};
+use relaunch_api::files::{CHUNK_MAX, MAX_MISSING_QUERY, check_file_name, check_hash};
 use relaunch_api::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
 
 use crate::AppState;
@@ -434,30 +432,15 @@ fn store_chunks(
 ) -> Result<FileManifest, AppError> {
     let file = File::open(path)
         .map_err(|e| AppError::Internal(format!("cannot read {}: {e}", path.display())))?;
-    let mut whole = blake3::Hasher::new();
-    let mut chunks = Vec::new();
-    let mut size = 0u64;
-    let cutter =
-        fastcdc::v2020::StreamCDC::new(BufReader::new(file), CHUNK_MIN, CHUNK_AVG, CHUNK_MAX);
-    for chunk in cutter {
-        let chunk =
-            chunk.map_err(|e| AppError::Internal(format!("cannot cut {}: {e}", path.display())))?;
-        whole.update(&chunk.data);
-        let hash = blake3::hash(&chunk.data).to_hex().to_string();
-        if !files.blobs.missing(std::slice::from_ref(&hash))?.is_empty() {
-            files.blobs.put(&hash, &chunk.data)?;
+    relaunch_api::files::cut(BufReader::new(file), &name, |_, data, chunk| {
+        if !files
+            .blobs
+            .missing(std::slice::from_ref(&chunk.hash))?
+            .is_empty()
+        {
+            files.blobs.put(&chunk.hash, data)?;
         }
-        size += chunk.data.len() as u64;
-        chunks.push(ChunkRef {
-            hash,
-            size: chunk.data.len() as u64,
-        });
-    }
-    Ok(FileManifest {
-        name,
-        size,
-        blake3: whole.finalize().to_hex().to_string(),
-        chunks,
+        Ok(())
     })
 }
 
