@@ -64,17 +64,6 @@ impl Client {
         })
     }
 
-    /// The server named by `RELAUNCH_SERVER` (and its token), if set.
-    pub fn from_env() -> Result<Option<Self>, ClientError> {
-        match std::env::var(SERVER_ENV) {
-            Ok(server) if !server.trim().is_empty() => {
-                let token = std::env::var(TOKEN_ENV).ok();
-                Self::new(&server, token.as_deref()).map(Some)
-            }
-            _ => Ok(None),
-        }
-    }
-
     /// The server's root URL, for messages.
     pub fn url(&self) -> &str {
         self.base.strip_suffix(API_PREFIX).unwrap_or(&self.base)
