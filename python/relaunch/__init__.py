@@ -6,7 +6,6 @@ The Python API is a thin layer over a Rust core (``relaunch._native``).
 from typing import TYPE_CHECKING
 
 from relaunch._native import __version__
-from relaunch.checkpoint import Checkpoint, Checkpointer
 from relaunch.errors import (
     CheckpointError,
     QueueEmptyError,
@@ -21,26 +20,35 @@ from relaunch.errors import (
     TrackingRejectedError,
     TrackingTimeoutError,
 )
-from relaunch.files import download, upload_file
 from relaunch.store import Store
 from relaunch.tracking import Run, init
 
 if TYPE_CHECKING:
+    from relaunch.checkpoint import Checkpoint, Checkpointer
+    from relaunch.files import download, upload_file
     from relaunch.sampler import InterruptibleSampler
+
+# Loaded on first use, not with `import relaunch`: the sampler needs torch,
+# which `import relaunch` must not load, and a launcher or a training loop
+# that never checkpoints or uploads should not pay for importing those.
+_LAZY = {
+    "Checkpoint": "relaunch.checkpoint",
+    "Checkpointer": "relaunch.checkpoint",
+    "InterruptibleSampler": "relaunch.sampler",
+    "download": "relaunch.files",
+    "upload_file": "relaunch.files",
+}
 
 
 def __getattr__(name: str):
+    import importlib
+
     # `relaunch.preemption` installs signal handlers, so it loads only when
     # used, not with `import relaunch`.
     if name == "preemption":
-        import importlib
-
         return importlib.import_module("relaunch.preemption")
-    # The sampler needs torch, which `import relaunch` must not load.
-    if name == "InterruptibleSampler":
-        from relaunch.sampler import InterruptibleSampler
-
-        return InterruptibleSampler
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'relaunch' has no attribute {name!r}")
 
 
