@@ -67,8 +67,10 @@ def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 def stored_chunks(server: TrackingServer) -> int:
+    """Chunks on the server: stored (chunks/ab/HASH) or received for a file
+    not yet committed (chunks/staged/HASH)."""
     root = server.data_dir / "chunks"
-    return sum(1 for p in root.glob("??/*") if p.is_file())
+    return sum(1 for p in [*root.glob("??/*"), *root.glob("staged/*")] if p.is_file())
 
 
 def test_a_file_round_trips_and_a_changed_one_sends_only_what_changed(tracking_server, tmp_path):

@@ -1,8 +1,9 @@
 //! Files of a run, stored as content-defined chunks named by their BLAKE3
 //! hash (rsync's lesson: never send what the other side has).
 //!
-//! An upload: the client cuts the file with FastCDC ([`CHUNK_MIN`],
-//! [`CHUNK_AVG`], [`CHUNK_MAX`]), asks `POST /chunks/missing` which chunks
+//! An upload: the client cuts the file into chunks ([`Chunks`]: FastCDC
+//! with [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`], and a cut before each
+//! zip entry, so each tensor of a `torch.save` file is its own chunk), asks `POST /chunks/missing` which chunks
 //! the server lacks, `PUT /chunks/{hash}`s those (the server checks each
 //! hash), then commits the file's [`FileManifest`] with `POST
 //! /runs/{id}/files`; the file is visible only once that commit is. An
@@ -64,11 +65,134 @@ pub struct MissingChunks {
     pub missing: Vec<String>,
 }
 
-/// Cuts what `reader` holds into the protocol's chunks (FastCDC with
-/// [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`]; BLAKE3 names), calls
-/// `each(offset, bytes, chunk)` for each in order, and returns the manifest
-/// of the whole as `name`. The client and the server's plain `PUT` both cut
-/// with this, so the same bytes give the same chunks whichever way they came.
+/// A zip archive's local file header signature. `torch.save` writes a zip
+/// of stored (uncompressed) entries, one per tensor storage, each starting
+/// with it.
+pub const ZIP_ENTRY: &[u8; 4] = b"PK\x03\x04";
+/// A chunk ends before a [`ZIP_ENTRY`] that starts at least this far into
+/// it (so a run of tiny entries still makes chunks of some size).
+pub const ENTRY_CUT_MIN: usize = 512;
+
+/// One chunk as [`Chunks`] cuts it.
+#[derive(Clone, Debug)]
+pub struct Piece {
+    /// Where it starts in the file.
+    pub offset: u64,
+    pub data: bytes::Bytes,
+}
+
+/// The protocol's chunks of what a reader holds, in order. A chunk ends at
+/// the first of: FastCDC's cut ([`CHUNK_MIN`], [`CHUNK_AVG`],
+/// [`CHUNK_MAX`], normalization level 1), or the start of a zip entry
+/// ([`ZIP_ENTRY`]) at least [`ENTRY_CUT_MIN`] bytes in. FastCDC alone would
+/// put a small tensor that changed in the same ~1 MiB chunk as its
+/// neighbours; cutting at entries keeps each tensor of a `torch.save` file
+/// in chunks of its own, so a checkpoint where scattered small tensors
+/// changed sends about those tensors, not a megabyte for each. The cut
+/// depends only on the bytes: the same content gives the same chunks
+/// wherever it sits, which is what makes successive uploads share them.
+///
+/// Chunks are slices of one read buffer (no copy per chunk).
+#[derive(Debug)]
+pub struct Chunks<R> {
+    reader: R,
+    /// What was read and not yet cut, from `offset` on.
+    block: bytes::Bytes,
+    offset: u64,
+    eof: bool,
+    masks: (u64, u64),
+}
+
+/// How much [`Chunks`] reads at a time.
+const READ_SIZE: usize = 16 << 20;
+
+impl<R: std::io::Read> Chunks<R> {
+    pub fn new(reader: R) -> Self {
+        Self {
+            reader,
+            block: bytes::Bytes::new(),
+            offset: 0,
+            eof: false,
+            masks: fastcdc::v2020::select_masks(CHUNK_AVG, fastcdc::v2020::Normalization::Level1),
+        }
+    }
+
+    /// Makes the block hold a whole largest chunk and the bytes of a
+    /// [`ZIP_ENTRY`] after it, or all that is left: the rest of the old
+    /// block and [`READ_SIZE`] more bytes in a new one.
+    fn fill(&mut self) -> std::io::Result<()> {
+        if self.eof || self.block.len() >= CHUNK_MAX + ZIP_ENTRY.len() {
+            return Ok(());
+        }
+        let want = self.block.len() + READ_SIZE;
+        let mut next = Vec::with_capacity(want);
+        next.extend_from_slice(&self.block);
+        while next.len() < want {
+            // `read_to_end` reads into the spare capacity without zeroing it.
+            let room = (want - next.len()) as u64;
+            if std::io::Read::read_to_end(
+                &mut std::io::Read::take(&mut self.reader, room),
+                &mut next,
+            )? == 0
+            {
+                self.eof = true;
+                break;
+            }
+        }
+        self.block = bytes::Bytes::from(next);
+        Ok(())
+    }
+
+    /// Where the chunk at the start of the block ends: FastCDC's cut, or
+    /// the first zip entry before it at least [`ENTRY_CUT_MIN`] bytes in.
+    fn cut_point(&self) -> usize {
+        let window = &self.block[..self.block.len().min(CHUNK_MAX)];
+        let (mask_s, mask_l) = self.masks;
+        let (_, cdc) = fastcdc::v2020::cut(
+            window,
+            CHUNK_MIN,
+            CHUNK_AVG,
+            CHUNK_MAX,
+            mask_s,
+            mask_l,
+            mask_s << 1,
+            mask_l << 1,
+        );
+        let cdc = cdc.clamp(1, window.len());
+        // An entry starting before `cdc` (its signature may end after it).
+        let search_end = self.block.len().min(cdc + ZIP_ENTRY.len() - 1);
+        self.block
+            .get(ENTRY_CUT_MIN..search_end)
+            .and_then(|span| memchr::memmem::find(span, ZIP_ENTRY))
+            .map_or(cdc, |at| ENTRY_CUT_MIN + at)
+    }
+}
+
+impl<R: std::io::Read> Iterator for Chunks<R> {
+    type Item = std::io::Result<Piece>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Err(e) = self.fill() {
+            return Some(Err(e));
+        }
+        if self.block.is_empty() {
+            return None;
+        }
+        let cut = self.cut_point();
+        let piece = Piece {
+            offset: self.offset,
+            data: self.block.split_to(cut),
+        };
+        self.offset += cut as u64;
+        Some(Ok(piece))
+    }
+}
+
+/// Cuts what `reader` holds into the protocol's chunks ([`Chunks`], named
+/// by BLAKE3), calls `each(offset, bytes, chunk)` for each in order, and
+/// returns the manifest of the whole as `name`. The client and the
+/// server's plain `PUT` both cut with [`Chunks`], so the same bytes give
+/// the same chunks whichever way they came.
 pub fn cut<E: From<std::io::Error>>(
     reader: impl std::io::Read,
     name: &str,
@@ -77,8 +201,8 @@ pub fn cut<E: From<std::io::Error>>(
     let mut whole = blake3::Hasher::new();
     let mut chunks = Vec::new();
     let mut size = 0u64;
-    for piece in fastcdc::v2020::StreamCDC::new(reader, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX) {
-        let piece = piece.map_err(|e| std::io::Error::other(e.to_string()))?;
+    for piece in Chunks::new(reader) {
+        let piece = piece?;
         whole.update(&piece.data);
         let chunk = ChunkRef {
             hash: blake3::hash(&piece.data).to_hex().to_string(),
@@ -135,6 +259,8 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -158,6 +284,93 @@ mod tests {
         ] {
             assert!(check_file_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
+            .collect()
+    }
+
+    fn pieces(data: &[u8]) -> Vec<Piece> {
+        Chunks::new(data).collect::<Result<_, _>>().unwrap()
+    }
+
+    #[test]
+    fn chunks_cover_the_input_within_the_size_bounds() {
+        let data = noise(20 << 20, 7);
+        let cut = pieces(&data);
+        let mut offset = 0;
+        for (i, piece) in cut.iter().enumerate() {
+            assert_eq!(piece.offset, offset);
+            assert_eq!(
+                &data[offset as usize..][..piece.data.len()],
+                &piece.data[..]
+            );
+            assert!(piece.data.len() <= CHUNK_MAX);
+            if i + 1 < cut.len() {
+                assert!(piece.data.len() >= CHUNK_MIN, "{}", piece.data.len());
+            }
+            offset += piece.data.len() as u64;
+        }
+        assert_eq!(offset, data.len() as u64);
+        assert!(
+            (8..=40).contains(&cut.len()),
+            "{} chunks of 20 MiB",
+            cut.len()
+        );
+        // The same bytes cut the same way, however the reader hands them out.
+        let trickle = std::io::BufReader::with_capacity(1000, &data[..]);
+        let again: Vec<Piece> = Chunks::new(trickle).collect::<Result<_, _>>().unwrap();
+        assert_eq!(
+            cut.iter().map(|p| p.data.len()).collect::<Vec<_>>(),
+            again.iter().map(|p| p.data.len()).collect::<Vec<_>>()
+        );
+        assert!(pieces(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_zip_entry_starts_a_chunk_so_a_small_change_stays_small() {
+        // A zip-like file: entries of 3 MiB, 2 KiB, 600 B, 3 MiB, 100 B, 2 KiB.
+        let sizes = [3 << 20, 2048, 600, 3 << 20, 100, 2048];
+        let build = |changed: Option<usize>| {
+            let mut file = Vec::new();
+            let mut starts = Vec::new();
+            for (i, size) in sizes.iter().enumerate() {
+                starts.push(file.len());
+                file.extend_from_slice(ZIP_ENTRY);
+                let seed = if changed == Some(i) { 1000 + i } else { i } as u64;
+                file.extend_from_slice(&noise(*size, seed + 1));
+            }
+            (file, starts)
+        };
+        let (first, starts) = build(None);
+        let cuts: Vec<u64> = pieces(&first).iter().map(|p| p.offset).collect();
+        for (i, start) in starts.iter().enumerate() {
+            // Every entry starts a chunk, except the one 100 B after the
+            // previous start (under ENTRY_CUT_MIN).
+            let entry_cut = i == 0 || starts[i] - starts[i - 1] >= ENTRY_CUT_MIN;
+            assert_eq!(
+                cuts.contains(&(*start as u64)),
+                entry_cut,
+                "entry {i} at {start}"
+            );
+        }
+        // The 2 KiB entry changes: only its chunk is new.
+        let (second, _) = build(Some(1));
+        let old: HashSet<_> = pieces(&first).into_iter().map(|p| p.data).collect();
+        let new_bytes: usize = pieces(&second)
+            .into_iter()
+            .filter(|p| !old.contains(&p.data))
+            .map(|p| p.data.len())
+            .sum();
+        assert_eq!(new_bytes, 2048 + ZIP_ENTRY.len());
     }
 
     #[test]

@@ -6,16 +6,15 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::{BufReader, Write as _};
-use std::os::unix::fs::FileExt as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use futures_util::{StreamExt as _, TryStreamExt as _};
-use relaunch_api::files::{MAX_MISSING_QUERY, check_file_name};
+use bytes::Bytes;
+use relaunch_api::files::{Chunks, check_file_name};
 use relaunch_api::{ChunkRef, FileInfo, FileManifest};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::error::{ClientError, ErrorKind};
 use crate::http::Client;
@@ -24,6 +23,11 @@ use crate::http::Client;
 pub const PARALLEL: usize = 4;
 /// Tries of one chunk before an upload gives up (the next upload resumes).
 const TRIES: u32 = 5;
+/// Chunks cut and hashed ahead of the senders (bounds the memory an upload
+/// holds: about this many chunks, plus those in flight).
+const AHEAD: usize = 8;
+/// Most chunks asked about in one `POST /chunks/missing`.
+const BATCH: usize = 256;
 
 /// Called with (bytes done, bytes in all) as a transfer goes.
 pub type Progress<'a> = dyn Fn(u64, u64) + Send + Sync + 'a;
@@ -48,32 +52,74 @@ pub struct Downloaded {
     pub resumed_from: u64,
 }
 
-/// Where a chunk sits in its file.
-#[derive(Clone, Debug)]
-struct Piece {
-    offset: u64,
+/// A chunk cut and hashed, on its way to the senders.
+struct Hashed {
     chunk: ChunkRef,
+    data: Bytes,
 }
 
-/// Cuts the file at `path` into the protocol's chunks and hashes them: the
-/// manifest that names it `name`, and each chunk's offset.
-fn cut(path: &Path, name: &str) -> Result<(FileManifest, Vec<Piece>), ClientError> {
-    check_file_name(name).map_err(ClientError::Config)?;
-    let file = File::open(path).map_err(ClientError::io("open", path))?;
-    let mut pieces = Vec::new();
-    let manifest = relaunch_api::files::cut(BufReader::new(file), name, |offset, _, chunk| {
-        pieces.push(Piece {
-            offset,
-            chunk: chunk.clone(),
-        });
-        Ok::<(), std::io::Error>(())
-    })
-    .map_err(ClientError::io("read", path))?;
-    Ok((manifest, pieces))
+/// The file's size and modification time: an upload checks they did not
+/// change while it read.
+fn stamp(path: &Path, file: &File) -> Result<(u64, Option<SystemTime>), ClientError> {
+    let meta = file.metadata().map_err(ClientError::io("stat", path))?;
+    Ok((meta.len(), meta.modified().ok()))
 }
 
-/// Uploads the file at `path` as `name` in `run`: only the chunks the
-/// server lacks travel, [`PARALLEL`] at a time; the file appears on the
+/// Reads `file` once: one thread cuts it into chunks, another hashes each
+/// chunk and the whole file, and the chunks go to `out` as they are ready.
+/// Returns the file's size and BLAKE3.
+fn cut_and_hash(
+    path: &Path,
+    file: File,
+    out: mpsc::Sender<Hashed>,
+) -> Result<(u64, String), ClientError> {
+    let (pieces_tx, pieces_rx) = std::sync::mpsc::sync_channel(AHEAD);
+    let hasher = std::thread::Builder::new()
+        .name("relaunch-hash".into())
+        .spawn(move || {
+            let mut whole = blake3::Hasher::new();
+            let mut size = 0u64;
+            for data in pieces_rx {
+                let data: Bytes = data;
+                whole.update(&data);
+                size += data.len() as u64;
+                let chunk = ChunkRef {
+                    hash: blake3::hash(&data).to_hex().to_string(),
+                    size: data.len() as u64,
+                };
+                if out.blocking_send(Hashed { chunk, data }).is_err() {
+                    break; // the upload stopped
+                }
+            }
+            (size, whole.finalize().to_hex().to_string())
+        })
+        .map_err(|e| ClientError::Config(format!("cannot start a hashing thread: {e}")))?;
+    let mut read = Ok(());
+    for piece in Chunks::new(std::io::BufReader::with_capacity(0, file)) {
+        match piece {
+            Ok(piece) => {
+                if pieces_tx.send(piece.data).is_err() {
+                    break;
+                }
+            }
+            Err(e) => {
+                read = Err(ClientError::io("read", path)(e));
+                break;
+            }
+        }
+    }
+    drop(pieces_tx);
+    let hashed = hasher
+        .join()
+        .map_err(|_| ClientError::Config("the hashing thread panicked".into()));
+    read?;
+    hashed
+}
+
+/// Uploads the file at `path` as `name` in `run`: the file is read once,
+/// cut into chunks and hashed as it goes; the server is asked which chunks
+/// it lacks a batch at a time, and only those travel, [`PARALLEL`] at a
+/// time, while the rest is still being read. The file appears on the
 /// server whole once its manifest is committed. Run it again after an
 /// interruption and it sends only what is still missing.
 pub async fn upload(
@@ -83,71 +129,109 @@ pub async fn upload(
     name: &str,
     progress: &Progress<'_>,
 ) -> Result<Uploaded, ClientError> {
-    let (manifest, pieces) = {
-        let (path, name) = (path.to_path_buf(), name.to_owned());
-        tokio::task::spawn_blocking(move || cut(&path, &name))
-            .await
-            .map_err(|e| ClientError::Config(format!("the chunking task failed: {e}")))??
+    check_file_name(name).map_err(ClientError::Config)?;
+    let file = File::open(path).map_err(ClientError::io("open", path))?;
+    let before = stamp(path, &file)?;
+    let total = before.0;
+    let (tx, mut rx) = mpsc::channel(AHEAD);
+    let cutter = {
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || cut_and_hash(&path, file, tx))
     };
-    let total = manifest.size;
-    let missing = missing(client, &manifest).await?;
-    // Each missing chunk once, however often the file repeats it.
+    let mut chunks = Vec::new();
     let mut seen = HashSet::new();
-    let to_send: Vec<Piece> = pieces
-        .into_iter()
-        .filter(|p| missing.contains(&p.chunk.hash) && seen.insert(p.chunk.hash.clone()))
-        .collect();
-    let sending: u64 = to_send.iter().map(|p| p.chunk.size).sum();
-    let done = Arc::new(AtomicU64::new(total - sending));
-    progress(done.load(Ordering::Relaxed), total);
-    let sent_chunks = to_send.len();
-    let path = Arc::new(path.to_path_buf());
-    futures_util::stream::iter(to_send)
-        .map(|piece| {
-            let (path, done) = (path.clone(), done.clone());
-            async move {
-                send_piece(client, &path, &piece).await?;
-                let now = done.fetch_add(piece.chunk.size, Ordering::Relaxed) + piece.chunk.size;
-                progress(now, total);
-                Ok::<(), ClientError>(())
+    let mut sends: JoinSet<Result<u64, ClientError>> = JoinSet::new();
+    let (mut done, mut sent_chunks, mut sent_bytes) = (0u64, 0usize, 0u64);
+    progress(done, total);
+    let mut finished = false;
+    while !finished || !sends.is_empty() {
+        tokio::select! {
+            biased;
+            Some(joined) = sends.join_next(), if !sends.is_empty() => {
+                done += joined
+                    .map_err(|e| ClientError::Config(format!("a chunk upload task failed: {e}")))??;
+                progress(done, total);
             }
-        })
-        .buffer_unordered(PARALLEL)
-        .try_collect::<()>()
-        .await?;
+            first = rx.recv(), if !finished && sends.len() < PARALLEL => {
+                let Some(first) = first else {
+                    finished = true;
+                    continue;
+                };
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                // Each chunk asked about (and sent) once, however often the
+                // file repeats it.
+                let new: Vec<String> = batch
+                    .iter()
+                    .filter(|h| seen.insert(h.chunk.hash.clone()))
+                    .map(|h| h.chunk.hash.clone())
+                    .collect();
+                let mut missing: HashSet<String> = if new.is_empty() {
+                    HashSet::new()
+                } else {
+                    client.missing_chunks(new).await?.into_iter().collect()
+                };
+                for hashed in batch {
+                    chunks.push(hashed.chunk.clone());
+                    if missing.remove(&hashed.chunk.hash) {
+                        while sends.len() >= PARALLEL {
+                            if let Some(joined) = sends.join_next().await {
+                                done += joined.map_err(|e| {
+                                    ClientError::Config(format!("a chunk upload task failed: {e}"))
+                                })??;
+                                progress(done, total);
+                            }
+                        }
+                        sent_chunks += 1;
+                        sent_bytes += hashed.chunk.size;
+                        let client = client.clone();
+                        sends.spawn(async move {
+                            send_chunk(&client, &hashed.chunk, hashed.data).await?;
+                            Ok(hashed.chunk.size)
+                        });
+                    } else {
+                        done += hashed.chunk.size;
+                    }
+                }
+                progress(done, total);
+            }
+        }
+    }
+    let (size, blake3) = cutter
+        .await
+        .map_err(|e| ClientError::Config(format!("the chunking task failed: {e}")))??;
+    let file = File::open(path).map_err(ClientError::io("open", path))?;
+    if size != total || stamp(path, &file)? != before {
+        return Err(ClientError::Corrupt(format!(
+            "{} changed while it was being uploaded; upload it again once nothing writes to it",
+            path.display()
+        )));
+    }
+    let manifest = FileManifest {
+        name: name.to_owned(),
+        size,
+        blake3,
+        chunks,
+    };
     let file = client.commit_file(run, &manifest).await?;
     Ok(Uploaded {
         file,
         chunks: manifest.chunks.len(),
         sent_chunks,
-        sent_bytes: sending,
+        sent_bytes,
     })
 }
 
-/// The hashes of `manifest` that the server lacks.
-async fn missing(client: &Client, manifest: &FileManifest) -> Result<HashSet<String>, ClientError> {
-    let mut unique: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
-    unique.sort_unstable();
-    unique.dedup();
-    let mut missing = HashSet::new();
-    for batch in unique.chunks(MAX_MISSING_QUERY) {
-        missing.extend(client.missing_chunks(batch.to_vec()).await?);
-    }
-    Ok(missing)
-}
-
-/// Reads one chunk back from the file (checking it is still what was
-/// hashed) and sends it, retrying what a retry can fix.
-async fn send_piece(client: &Client, path: &Path, piece: &Piece) -> Result<(), ClientError> {
-    let data = {
-        let (path, piece) = (path.to_path_buf(), piece.clone());
-        tokio::task::spawn_blocking(move || read_piece(&path, &piece))
-            .await
-            .map_err(|e| ClientError::Config(format!("the read task failed: {e}")))??
-    };
+/// Sends one chunk, retrying what a retry can fix.
+async fn send_chunk(client: &Client, chunk: &ChunkRef, data: Bytes) -> Result<(), ClientError> {
     let mut pause = Duration::from_millis(500);
     for attempt in 1..=TRIES {
-        match client.put_chunk(&piece.chunk.hash, data.clone()).await {
+        match client.put_chunk(&chunk.hash, data.clone()).await {
             Ok(()) => return Ok(()),
             Err(e)
                 if attempt < TRIES
@@ -158,7 +242,7 @@ async fn send_piece(client: &Client, path: &Path, piece: &Piece) -> Result<(), C
             {
                 // BadRequest: the server saw other bytes than we sent (a
                 // damaged transfer); sending again is the fix.
-                tracing::debug!(chunk = %piece.chunk.hash, error = %e, attempt, "retrying a chunk");
+                tracing::debug!(chunk = %chunk.hash, error = %e, attempt, "retrying a chunk");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(8));
             }
@@ -166,23 +250,6 @@ async fn send_piece(client: &Client, path: &Path, piece: &Piece) -> Result<(), C
         }
     }
     unreachable!("the last try returns")
-}
-
-fn read_piece(path: &Path, piece: &Piece) -> Result<Vec<u8>, ClientError> {
-    let file = File::open(path).map_err(ClientError::io("open", path))?;
-    let mut data = vec![0u8; piece.chunk.size as usize];
-    file.read_exact_at(&mut data, piece.offset)
-        .map_err(ClientError::io("read", path))?;
-    if blake3::hash(&data).to_hex().as_str() != piece.chunk.hash {
-        return Err(ClientError::Corrupt(format!(
-            "{} changed while it was being uploaded (bytes {}..{} differ); upload it again once \
-             nothing writes to it",
-            path.display(),
-            piece.offset,
-            piece.offset + piece.chunk.size
-        )));
-    }
-    Ok(data)
 }
 
 /// The partial file a download of `dest` writes into.
@@ -288,19 +355,23 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, &data).unwrap();
-        let (a, pieces) = cut(&path, "x/data.bin").unwrap();
-        let (b, _) = cut(&path, "x/data.bin").unwrap();
-        assert_eq!(a, b); // the same cuts every time
-        assert!(a.chunks.len() >= 2, "{}", a.chunks.len());
-        assert_eq!(
-            a.chunks.iter().map(|c| c.size).sum::<u64>(),
-            data.len() as u64
-        );
-        assert_eq!(a.blake3, blake3::hash(&data).to_hex().as_str());
-        for p in &pieces {
-            assert_eq!(read_piece(&path, p).unwrap().len() as u64, p.chunk.size);
-        }
-        assert!(cut(&path, "../x").is_err());
+        let cut = || {
+            let (tx, mut rx) = mpsc::channel(1 << 10);
+            let file = File::open(&path).unwrap();
+            let (size, whole) = cut_and_hash(&path, file, tx).unwrap();
+            let mut chunks = Vec::new();
+            while let Ok(h) = rx.try_recv() {
+                assert_eq!(blake3::hash(&h.data).to_hex().as_str(), h.chunk.hash);
+                chunks.push(h.chunk);
+            }
+            (size, whole, chunks)
+        };
+        let (size, whole, a) = cut();
+        assert_eq!(cut(), (size, whole.clone(), a.clone())); // the same cuts every time
+        assert!(a.len() >= 2, "{}", a.len());
+        assert_eq!(a.iter().map(|c| c.size).sum::<u64>(), data.len() as u64);
+        assert_eq!(size, data.len() as u64);
+        assert_eq!(whole, blake3::hash(&data).to_hex().as_str());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -221,7 +221,7 @@ impl Client {
     }
 
     /// Uploads one chunk; the server stores it only if `hash` is its BLAKE3.
-    pub async fn put_chunk(&self, hash: &str, data: Vec<u8>) -> Result<(), ClientError> {
+    pub async fn put_chunk(&self, hash: &str, data: bytes::Bytes) -> Result<(), ClientError> {
         relaunch_api::files::check_hash(hash).map_err(ClientError::Config)?;
         let request = self
             .request(Method::PUT, &format!("/chunks/{hash}"))

@@ -124,8 +124,8 @@ pub(crate) async fn put_chunk(
         &headers,
         body,
         CHUNK_MAX,
-        "a chunk is at most 4 MiB: cut files with FastCDC (min 256 KiB, average 1 MiB, max 4 MiB) \
-         as relaunch's client does",
+        "a chunk is at most 4 MiB: cut files as relaunch's client does (FastCDC: min 256 KiB, \
+         average 1 MiB, max 4 MiB)",
     )
     .await?;
     let actual = blake3::hash(&data).to_hex();
@@ -180,7 +180,15 @@ pub(crate) async fn commit(
     let manifest: FileManifest = json_body(&bytes, "the file manifest")?;
     check_manifest(&manifest)?;
     let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
-    let missing = on_blobs(&state.files, move |b| b.missing(&hashes)).await?;
+    // Durable before the manifest names them (one flush for all of them).
+    let missing = on_blobs(&state.files, move |b| {
+        let missing = b.missing(&hashes)?;
+        if missing.is_empty() {
+            b.persist(&hashes)?;
+        }
+        Ok(missing)
+    })
+    .await?;
     if !missing.is_empty() {
         return Err(AppError::Conflict(format!(
             "{} of the file's {} chunks are not on the server (the first: {}); upload them with \
@@ -432,7 +440,7 @@ fn store_chunks(
 ) -> Result<FileManifest, AppError> {
     let file = File::open(path)
         .map_err(|e| AppError::Internal(format!("cannot read {}: {e}", path.display())))?;
-    relaunch_api::files::cut(BufReader::new(file), &name, |_, data, chunk| {
+    let manifest = relaunch_api::files::cut(BufReader::new(file), &name, |_, data, chunk| {
         if !files
             .blobs
             .missing(std::slice::from_ref(&chunk.hash))?
@@ -440,8 +448,11 @@ fn store_chunks(
         {
             files.blobs.put(&chunk.hash, data)?;
         }
-        Ok(())
-    })
+        Ok::<_, AppError>(())
+    })?;
+    let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
+    files.blobs.persist(&hashes)?;
+    Ok(manifest)
 }
 
 #[cfg(test)]
