@@ -6,8 +6,9 @@
 //! kernel sends it SIGKILL when the launcher dies, even by SIGKILL
 //! (`PR_SET_PDEATHSIG`).
 
-// The only unsafe code in relaunch: `pre_exec` runs between fork and exec,
-// where only async-signal-safe calls are allowed. The closure makes three
+// One of relaunch's few unsafe blocks (ARCHITECTURE.md lists them):
+// `pre_exec` runs between fork and exec, where only async-signal-safe
+// calls are allowed. The closure makes three
 // system calls through `nix` and allocates nothing.
 #![allow(unsafe_code)]
 
