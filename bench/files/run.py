@@ -144,8 +144,13 @@ class RelaunchServer:
         return run
 
     def stop(self) -> None:
+        """Stops the server. Its data directory stays until the benchmark's
+        scratch directory is removed at the end: deleting thousands of chunk
+        files just before the next side runs makes that side's file creation
+        slow on this machine's ext4 (no journal: each new inode is checked
+        against the recently deleted ones), which would measure the
+        benchmark's own clean-up, not the upload."""
         self.server.stop()
-        shutil.rmtree(self.data, ignore_errors=True)
 
 
 class Bench:

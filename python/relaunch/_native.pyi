@@ -83,14 +83,6 @@ def hash_file(path: str | os.PathLike[str]) -> str:
 def hash_bytes(data: bytes) -> str:
     """BLAKE3 of ``data``, hex."""
 
-class Flusher:
-    """Starts the disk write-out of files written under ``dir`` while they
-    are written, so a later fsync has little left to wait for."""
-
-    def __init__(self, dir: str | os.PathLike[str]) -> None: ...
-    def stop(self) -> int:
-        """Stops; the bytes whose write-out it started."""
-
 def upload_file(
     server: str, token: str | None, run: str, path: str, name: str
 ) -> dict[str, Any]: ...

@@ -325,7 +325,6 @@ class _Save:
         self._round = -1
         self._decision: Decision | None = None
         self._entered = False
-        self._flusher: Any = None  # _native.Flusher while the block writes
 
     def __enter__(self) -> Path | None:
         if self._entered:
@@ -628,8 +627,6 @@ class Checkpointer:
             tmp = self.dir / f"step_{decision.step:08d}.tmp-{decision.token}"
             _IN_PROGRESS.add(str(tmp))
             tmp.mkdir(exist_ok=True)
-            # The disk starts on the files while the block writes them.
-            save._flusher = _native.Flusher(tmp)
             save.path = tmp
         except BaseException:
             self._active = None
@@ -637,9 +634,6 @@ class Checkpointer:
 
     def _end(self, save: _Save, exc: BaseException | None) -> None:
         try:
-            if save._flusher is not None:
-                save._flusher.stop()
-                save._flusher = None
             if save._decision is None:
                 return
             self._commit(save, exc)

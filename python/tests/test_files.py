@@ -68,9 +68,10 @@ def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def stored_chunks(server: TrackingServer) -> int:
     """Chunks on the server: stored (chunks/ab/HASH) or received for a file
-    not yet committed (chunks/staged/HASH)."""
+    not yet committed (chunks/staged/ab/HASH; .-names are being written)."""
     root = server.data_dir / "chunks"
-    return sum(1 for p in [*root.glob("??/*"), *root.glob("staged/*")] if p.is_file())
+    found = [*root.glob("??/*"), *root.glob("staged/??/*")]
+    return sum(1 for p in found if p.is_file() and not p.name.startswith("."))
 
 
 def test_a_file_round_trips_and_a_changed_one_sends_only_what_changed(tracking_server, tmp_path):

@@ -17,7 +17,6 @@ pub mod spool;
 pub mod sync;
 pub mod system;
 pub mod uploads;
-pub mod writeback;
 
 pub use error::{ClientError, ErrorKind};
 pub use http::Client;

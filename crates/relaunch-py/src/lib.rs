@@ -30,7 +30,7 @@ mod _native {
     #[pymodule_export]
     use super::cli_main;
     #[pymodule_export]
-    use super::files::{Flusher, hash_bytes, hash_file};
+    use super::files::{hash_bytes, hash_file};
     #[pymodule_export]
     use super::store::Store;
     #[pymodule_export]

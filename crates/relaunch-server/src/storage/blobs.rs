@@ -33,8 +33,9 @@ pub trait BlobStore: Send + Sync + 'static {
     fn get(&self, hash: &str) -> Result<Vec<u8>, StorageError>;
 }
 
-/// Chunks as files. A chunk is written to `DIR/chunks/tmp/`, renamed to
-/// `DIR/chunks/staged/HASH` (whole, not yet known durable), and, when a file that
+/// Chunks as files. A chunk is written to `DIR/chunks/staged/ab/.HASH.*`,
+/// renamed to `DIR/chunks/staged/ab/HASH` (whole, not yet known durable;
+/// its write-out to disk is started, not waited for), and, when a file that
 /// uses it commits, made durable with one `syncfs` for all of that file's
 /// staged chunks and renamed to `DIR/chunks/ab/HASH` (the first two hex
 /// digits spread them over 256 directories). One flush per file instead of
@@ -52,31 +53,32 @@ pub struct DirBlobs {
 
 impl DirBlobs {
     /// Opens (creating) `data_dir/chunks`, removes what an interrupted
-    /// `put` left in its `tmp/`, and checks what is staged (see above).
+    /// `put` left (`.`-files in `staged/ab/`), and checks what is staged
+    /// (see above).
     pub fn open(data_dir: &Path, durability: Durability) -> Result<Self, StorageError> {
         let root = data_dir.join("chunks");
-        let tmp = root.join("tmp");
         let staged = root.join("staged");
-        for dir in [&tmp, &staged] {
-            fs::create_dir_all(dir).map_err(io("create", dir))?;
-        }
-        for entry in fs::read_dir(&tmp).map_err(io("list", &tmp))?.flatten() {
-            let _ = fs::remove_file(entry.path());
-        }
+        fs::create_dir_all(&staged).map_err(io("create", &staged))?;
         let (mut kept, mut removed) = (0usize, 0usize);
-        for entry in fs::read_dir(&staged)
+        for dir in fs::read_dir(&staged)
             .map_err(io("list", &staged))?
             .flatten()
         {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let whole = relaunch_api::files::check_hash(&name).is_ok()
-                && hash_of_file(&path).is_ok_and(|h| h.to_hex().as_str() == name);
-            if whole {
-                kept += 1;
-            } else {
-                removed += 1;
-                let _ = fs::remove_file(&path);
+            for entry in fs::read_dir(dir.path()).into_iter().flatten().flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    let _ = fs::remove_file(&path); // a put cut short
+                    continue;
+                }
+                let whole = relaunch_api::files::check_hash(&name).is_ok()
+                    && hash_of_file(&path).is_ok_and(|h| h.to_hex().as_str() == name);
+                if whole {
+                    kept += 1;
+                } else {
+                    removed += 1;
+                    let _ = fs::remove_file(&path);
+                }
             }
         }
         if removed > 0 {
@@ -94,8 +96,10 @@ impl DirBlobs {
         Ok(self.root.join(&hash[..2]).join(hash))
     }
 
+    /// Where a chunk waits for its file's commit: beside the others of its
+    /// first two hex digits, so parallel puts rarely share a directory.
     fn staged(&self, hash: &str) -> PathBuf {
-        self.root.join("staged").join(hash)
+        self.root.join("staged").join(&hash[..2]).join(hash)
     }
 
     fn read(&self, hash: &str) -> Result<(PathBuf, Vec<u8>), StorageError> {
@@ -133,13 +137,16 @@ impl BlobStore for DirBlobs {
         if path.is_file() || staged.is_file() {
             return Ok(());
         }
-        let tmp = self
-            .root
-            .join("tmp")
-            .join(format!("{hash}.{}", uuid::Uuid::new_v4().simple()));
+        let dir = staged.parent().unwrap_or(&self.root);
+        let tmp = dir.join(format!(".{hash}.{}", uuid::Uuid::new_v4().simple()));
         let written = (|| {
+            fs::create_dir_all(dir)?;
             let mut file = File::create(&tmp)?;
             file.write_all(data)?;
+            if self.durability == Durability::Fsync {
+                // The disk starts now, so `persist` finds little to flush.
+                relaunch_api::writeback::start_writeback(&file, 0, data.len() as u64)?;
+            }
             fs::rename(&tmp, &staged)
         })();
         written.map_err(|e: std::io::Error| {
@@ -160,12 +167,11 @@ impl BlobStore for DirBlobs {
             return Ok(());
         }
         let fsync = self.durability == Durability::Fsync;
-        let staged_dir = self.root.join("staged");
         if fsync {
             // One flush of the file system for every staged chunk: their
             // bytes and their names in staged/ are durable after it.
-            let dir = File::open(&staged_dir).map_err(io("open", &staged_dir))?;
-            nix::unistd::syncfs(&dir).map_err(|e| io("sync", &staged_dir)(e.into()))?;
+            let dir = File::open(&self.root).map_err(io("open", &self.root))?;
+            nix::unistd::syncfs(&dir).map_err(|e| io("sync", &self.root)(e.into()))?;
         }
         let mut dirs = BTreeSet::new();
         for (from, to) in &staged {
@@ -173,6 +179,7 @@ impl BlobStore for DirBlobs {
             if dirs.insert(dir.to_path_buf()) {
                 fs::create_dir_all(dir).map_err(io("create", dir))?;
             }
+            dirs.insert(from.parent().unwrap_or(&self.root).to_path_buf());
             match fs::rename(from, to) {
                 Ok(()) => {}
                 // Another commit of the same chunk moved it first.
@@ -183,7 +190,6 @@ impl BlobStore for DirBlobs {
         if fsync {
             // The new names; were they lost, the chunks would still be
             // whole and durable in staged/, where reads look too.
-            dirs.insert(staged_dir);
             dirs.insert(self.root.clone());
             for dir in &dirs {
                 File::open(dir)
@@ -254,7 +260,7 @@ mod tests {
             [other]
         );
         assert_eq!(blobs.get(&hash).unwrap(), data); // staged, read back
-        let staged = dir.join("chunks/staged").join(&hash);
+        let staged = dir.join("chunks/staged").join(&hash[..2]).join(&hash);
         let stored = dir.join("chunks").join(&hash[..2]).join(&hash);
         assert!(staged.is_file() && !stored.exists());
         blobs.persist(std::slice::from_ref(&hash)).unwrap();
@@ -285,8 +291,9 @@ mod tests {
         blobs.put(&hash(&whole), &whole).unwrap();
         blobs.put(&hash(&torn), &torn).unwrap();
         // A power loss before `persist`: the second lost its tail.
-        fs::write(dir.join("chunks/staged").join(hash(&torn)), b"torn").unwrap();
-        fs::write(dir.join("chunks/tmp/half-written"), b"x").unwrap();
+        let torn_path = dir.join("chunks/staged").join(&hash(&torn)[..2]);
+        fs::write(torn_path.join(hash(&torn)), b"torn").unwrap();
+        fs::write(torn_path.join(".half-written"), b"x").unwrap();
         drop(blobs);
 
         let blobs = DirBlobs::open(&dir, Durability::Fsync).unwrap();
@@ -295,11 +302,15 @@ mod tests {
             [hash(&torn)]
         );
         assert_eq!(blobs.get(&hash(&whole)).unwrap(), whole);
-        assert_eq!(fs::read_dir(dir.join("chunks/tmp")).unwrap().count(), 0);
+        assert_eq!(fs::read_dir(&torn_path).unwrap().count(), 0);
         // Sent again, then committed: durable and in place.
         blobs.put(&hash(&torn), &torn).unwrap();
         blobs.persist(&[hash(&whole), hash(&torn)]).unwrap();
-        assert_eq!(fs::read_dir(dir.join("chunks/staged")).unwrap().count(), 0);
+        let staged: Vec<_> = fs::read_dir(dir.join("chunks/staged"))
+            .unwrap()
+            .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
+            .collect();
+        assert!(staged.is_empty(), "{staged:?}");
         assert_eq!(blobs.get(&hash(&torn)).unwrap(), torn);
         fs::remove_dir_all(&dir).unwrap();
     }
