@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: formatting, lints, the Rust tests and the Python tests
-# against real PyTorch. Installs what it needs first (see scripts/env.sh).
+# Runs every test: formatting, lints, the Rust tests, the Python tests
+# against real PyTorch, and the dashboard's tests in Debian's chromium.
+# Installs what it needs first (see scripts/env.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 ensure_system_packages
@@ -19,4 +20,6 @@ say "ruff"
 "$VENV/bin/ruff" format --check python examples bench
 say "pytest"
 "$PY" -m pytest "$@"
+say "the dashboard in a real browser"
+scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
 say "all tests passed"

@@ -206,6 +206,20 @@ pub struct Latest {
     pub attempt: u32,
 }
 
+/// `GET /api/v1/latest`: the newest value of one key of one run, for a
+/// table of many runs (the lowest rank that logged the key, as a series
+/// read without `rank` shows).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunLatest {
+    pub run: String,
+    pub key: String,
+    pub rank: u32,
+    pub step: i64,
+    pub value: f64,
+    pub wall: f64,
+    pub attempt: u32,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {

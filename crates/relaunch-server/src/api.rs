@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use http_body_util::BodyExt as _;
 use relaunch_api::{
-    Ack, Batch, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
-    Series, SeriesQuery,
+    Ack, Batch, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit, RunLatest, RunPatch,
+    RunStatus, Series, SeriesQuery,
 };
 use serde::Deserialize;
 
@@ -180,11 +180,15 @@ pub(crate) async fn patch_run(
     ))
 }
 
-pub(crate) async fn list_runs(
-    State(state): State<AppState>,
-    RawQuery(query): RawQuery,
-) -> Result<Json<Vec<RunInfo>>, AppError> {
+/// Most keys one `GET /latest` may ask for.
+const MAX_LATEST_KEYS: usize = 100;
+
+/// A run filter from a query string (`project`, `tag`, `status`,
+/// `param=PATH=VALUE`, `limit`), and its `key`s where `keys` says they are
+/// allowed.
+fn run_filter(query: Option<String>, keys: bool) -> Result<(RunFilter, Vec<String>), AppError> {
     let mut filter = RunFilter::default();
+    let mut wanted = Vec::new();
     for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "project" => filter.project = Some(v.into_owned()),
@@ -203,15 +207,62 @@ pub(crate) async fn list_runs(
                         AppError::BadRequest(format!("limit {v:?} is not a number"))
                     })?);
             }
+            "key" if keys => {
+                check_key(&v)?;
+                wanted.push(v.into_owned());
+            }
             other => {
+                let known = if keys {
+                    "key, project, tag, status, param=PATH=VALUE, limit"
+                } else {
+                    "project, tag, status, param=PATH=VALUE, limit"
+                };
                 return Err(AppError::BadRequest(format!(
-                    "unknown filter {other:?}; use project, tag, status, param=PATH=VALUE, limit"
+                    "unknown filter {other:?}; use {known}"
                 )));
             }
         }
     }
+    Ok((filter, wanted))
+}
+
+pub(crate) async fn list_runs(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<RunInfo>>, AppError> {
+    let (filter, _) = run_filter(query, false)?;
     Ok(Json(
         blocking(&state.storage, move |s| s.list_runs(&filter)).await?,
+    ))
+}
+
+/// `GET /keys`: the metric names of every run the filter selects (the
+/// columns a runs table can show).
+pub(crate) async fn metric_names(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<String>>, AppError> {
+    let (filter, _) = run_filter(query, false)?;
+    Ok(Json(
+        blocking(&state.storage, move |s| s.metric_names(&filter)).await?,
+    ))
+}
+
+/// `GET /latest?key=K...`: the newest value of each key in every run the
+/// filter selects, in one request however many runs there are.
+pub(crate) async fn latest_of_runs(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<RunLatest>>, AppError> {
+    let (filter, keys) = run_filter(query, true)?;
+    if keys.is_empty() || keys.len() > MAX_LATEST_KEYS {
+        return Err(AppError::BadRequest(format!(
+            "ask for 1 to {MAX_LATEST_KEYS} metrics with key=NAME (got {})",
+            keys.len()
+        )));
+    }
+    Ok(Json(
+        blocking(&state.storage, move |s| s.latest_of_runs(&filter, &keys)).await?,
     ))
 }
 

@@ -4,6 +4,7 @@
 //! finish and every queued write commits before it returns.
 
 mod api;
+mod dashboard;
 mod error;
 pub mod files;
 pub mod names;
@@ -69,11 +70,14 @@ impl AppState {
     }
 }
 
-/// The whole HTTP API under `/api/v1`.
+/// The whole HTTP API under `/api/v1`, and the dashboard's pages (static,
+/// outside the token guard; what they show comes from the guarded API).
 pub fn router(state: AppState) -> Router {
     let guarded = Router::new()
         .route("/runs", post(api::open_run).get(api::list_runs))
         .route("/runs/{id}", get(api::get_run).patch(api::patch_run))
+        .route("/keys", get(api::metric_names))
+        .route("/latest", get(api::latest_of_runs))
         .route("/runs/{id}/batches", post(api::ingest))
         .route("/runs/{id}/watermark", get(api::watermark))
         .route("/runs/{id}/keys", get(api::keys))
@@ -94,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(api::openapi));
     Router::new()
         .nest(relaunch_api::API_PREFIX, guarded.merge(open))
+        .merge(dashboard::routes())
         .fallback(api::not_found)
         .with_state(state)
 }

@@ -532,3 +532,90 @@ async fn bad_file_requests_get_clear_errors() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error(&body).error.contains("64 lowercase hex digits"));
 }
+
+/// The dashboard's pages are static and open; the data they show is not.
+#[tokio::test]
+async fn the_dashboard_is_served_outside_the_token_guard() {
+    let server = Server::new(Some("s3cret"), 1 << 20);
+    for page in ["/", "/runs/abc", "/runs/a.b-c", "/compare"] {
+        let response = router(server.state.clone())
+            .oneshot(Request::builder().uri(page).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{page}");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("/assets/app.js"));
+    }
+    let response = router(server.state.clone())
+        .oneshot(
+            Request::builder()
+                .uri("/assets/vendor/uplot/uPlot.esm.js")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/javascript; charset=utf-8"
+    );
+    let etag = response.headers()[header::ETAG].clone();
+    let again = Request::builder()
+        .uri("/assets/vendor/uplot/uPlot.esm.js")
+        .header(header::IF_NONE_MATCH, etag)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(server.send(again).await.0, StatusCode::NOT_MODIFIED);
+    assert_eq!(server.get("/assets/nope.js").await.0, StatusCode::NOT_FOUND);
+    // The API stays guarded, and unknown API paths stay JSON errors.
+    assert_eq!(
+        server.get("/api/v1/latest?key=loss").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, body) = server.get("/api/v1/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(error(&body).error.contains("no such API path"));
+}
+
+#[tokio::test]
+async fn latest_values_of_many_runs_in_one_request() {
+    let server = Server::new(None, 1 << 20);
+    for id in ["r1", "r2"] {
+        let (status, _) = server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "p", "id": id, "attempt_token": "t"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(
+        server.batch("r1", &loss("w", 0..10)).await.0,
+        StatusCode::OK
+    );
+    let (status, body) = server.get("/api/v1/keys?project=p").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_slice::<Vec<String>>(&body).unwrap(),
+        ["loss"]
+    );
+    let (status, body) = server.get("/api/v1/latest?project=p&key=loss").await;
+    assert_eq!(status, StatusCode::OK);
+    let latest: Vec<relaunch_api::RunLatest> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(latest.len(), 1);
+    assert_eq!((latest[0].run.as_str(), latest[0].step), ("r1", 9));
+    let (status, body) = server.get("/api/v1/latest?project=p").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("key=NAME"));
+    let (status, body) = server.get("/api/v1/keys?color=red").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(error(&body).error.contains("unknown filter"));
+}

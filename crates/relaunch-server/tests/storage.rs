@@ -207,6 +207,72 @@ fn runs_are_listed_and_filtered() {
     });
 }
 
+/// What a runs table of many runs reads in two requests: the metric names
+/// of the selected runs, and each run's newest value of the chosen ones.
+#[test]
+fn the_latest_values_of_many_runs_in_one_read() {
+    each_backend(|s, _| {
+        s.open_run(&init("p1", Some("a"), "t0"), 1.0).unwrap();
+        s.open_run(&init("p1", Some("b"), "t0"), 2.0).unwrap();
+        s.open_run(&init("p2", Some("c"), "t0"), 3.0).unwrap();
+        s.ingest("a", &metrics("w", 1, "loss", 0..10, 0), 1.0)
+            .unwrap();
+        s.ingest("a", &metrics("w", 11, "acc", 0..5, 0), 1.0)
+            .unwrap();
+        s.ingest("b", &metrics("w", 1, "loss", 0..3, 0), 1.0)
+            .unwrap();
+        s.ingest("c", &metrics("w", 1, "lr", 0..3, 0), 1.0).unwrap();
+        // Rank 1 of `b` logs a later loss; the lowest rank's value is read.
+        let mut rank1 = metrics("w1", 1, "loss", 0..20, 0);
+        for (_, r) in &mut rank1.records {
+            if let Record::Metrics { rank, .. } = r {
+                *rank = 1;
+            }
+        }
+        s.ingest("b", &rank1, 1.0).unwrap();
+
+        let all_runs = RunFilter::default();
+        let p1 = RunFilter {
+            project: Some("p1".into()),
+            ..Default::default()
+        };
+        assert_eq!(s.metric_names(&all_runs).unwrap(), ["acc", "loss", "lr"]);
+        assert_eq!(s.metric_names(&p1).unwrap(), ["acc", "loss"]);
+
+        let keys = ["loss".to_owned(), "lr".to_owned()];
+        let got: Vec<(String, String, u32, i64, f64)> = s
+            .latest_of_runs(&all_runs, &keys)
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.run, l.key, l.rank, l.step, l.value))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a".into(), "loss".into(), 0, 9, 90.0),
+                ("b".into(), "loss".into(), 0, 2, 20.0),
+                ("c".into(), "lr".into(), 0, 2, 20.0),
+            ]
+        );
+        let in_p1 = s.latest_of_runs(&p1, &keys).unwrap();
+        assert_eq!(
+            in_p1.iter().map(|l| l.run.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(s.latest_of_runs(&all_runs, &[]).unwrap().is_empty());
+        assert!(matches!(
+            s.latest_of_runs(
+                &RunFilter {
+                    param: vec!["no-equals".into()],
+                    ..Default::default()
+                },
+                &keys
+            ),
+            Err(StorageError::Invalid(_))
+        ));
+    });
+}
+
 #[test]
 fn a_batch_is_stored_exactly_once_however_often_it_is_sent() {
     each_backend(|s, _| {

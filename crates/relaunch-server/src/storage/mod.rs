@@ -9,7 +9,7 @@ pub mod sqlite;
 
 use relaunch_api::{
     Ack, Batch, ChunkRef, Event, FileInfo, FileManifest, Latest, LogLine, RunFilter, RunInfo,
-    RunInit, RunPatch, Series, SeriesQuery,
+    RunInit, RunLatest, RunPatch, Series, SeriesQuery,
 };
 
 /// The kind of a storage failure, for the HTTP status and for retries.
@@ -48,6 +48,18 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Newest first.
     fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError>;
+
+    /// The metric names logged by any run that `filter` selects, sorted.
+    fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError>;
+
+    /// The newest value of each of `keys` in each run that `filter`
+    /// selects (its lowest rank that logged the key), ordered by run and
+    /// key; a run that never logged a key has no entry for it.
+    fn latest_of_runs(
+        &self,
+        filter: &RunFilter,
+        keys: &[String],
+    ) -> Result<Vec<RunLatest>, StorageError>;
 
     /// Stores the batch's records above the writer's watermark, and the new
     /// watermark, atomically: each record is stored exactly once however

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 use relaunch_api::{
     Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine, Record,
-    RunFilter, RunInfo, RunInit, RunPatch, RunStatus, Series, SeriesQuery, Stream,
+    RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
@@ -328,6 +328,10 @@ fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
     })
 }
 
+/// The columns `run_row` reads, of `runs r JOIN projects p`.
+const RUN_COLUMNS: &str = "r.id, p.name AS project, r.name, r.status, r.created_at, r.updated_at, \
+     r.attempts, r.tags, r.notes, r.config";
+
 const RUN_SELECT: &str = "SELECT r.id, p.name AS project, r.name, r.status, r.created_at, r.updated_at, \
      r.attempts, r.tags, r.notes, r.config FROM runs r JOIN projects p ON p.id = r.project_id";
 
@@ -336,6 +340,49 @@ fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
         .optional()
         .map_err(backend)?
         .ok_or_else(|| StorageError::NotFound(format!("no run {id:?}")))
+}
+
+/// The runs that `filter` selects, newest first, as SQL selecting
+/// `columns` of `runs r JOIN projects p`, and its arguments; a list or a
+/// subquery (`... IN (SQL)`).
+fn filtered_runs(
+    filter: &RunFilter,
+    columns: &str,
+) -> Result<(String, Vec<rusqlite::types::Value>), StorageError> {
+    let params_filter = filter
+        .param
+        .iter()
+        .map(|p| parse_param(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut sql =
+        format!("SELECT {columns} FROM runs r JOIN projects p ON p.id = r.project_id WHERE 1=1");
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(project) = &filter.project {
+        args.push(project.clone().into());
+        sql.push_str(&format!(" AND p.name = ?{}", args.len()));
+    }
+    if let Some(status) = filter.status {
+        args.push(status.as_str().to_owned().into());
+        sql.push_str(&format!(" AND r.status = ?{}", args.len()));
+    }
+    if let Some(tag) = &filter.tag {
+        args.push(tag.clone().into());
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value = ?{})",
+            args.len()
+        ));
+    }
+    for (path, value) in params_filter {
+        args.push(path.into());
+        let p = args.len();
+        args.push(value);
+        let v = args.len();
+        sql.push_str(&format!(" AND json_extract(r.config, ?{p}) = ?{v}"));
+    }
+    sql.push_str(" ORDER BY r.created_at DESC, r.id");
+    let limit = filter.limit.unwrap_or(10_000).min(100_000);
+    sql.push_str(&format!(" LIMIT {limit}"));
+    Ok((sql, args))
 }
 
 fn project_id(conn: &Connection, name: &str) -> Result<i64, StorageError> {
@@ -490,42 +537,72 @@ impl Storage for SqliteStorage {
     }
 
     fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError> {
-        let params_filter = filter
-            .param
-            .iter()
-            .map(|p| parse_param(p))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (selected, args) = filtered_runs(filter, RUN_COLUMNS)?;
         self.read(|conn| {
-            let mut sql = format!("{RUN_SELECT} WHERE 1=1");
-            let mut args: Vec<rusqlite::types::Value> = Vec::new();
-            if let Some(project) = &filter.project {
-                args.push(project.clone().into());
-                sql.push_str(&format!(" AND p.name = ?{}", args.len()));
-            }
-            if let Some(status) = filter.status {
-                args.push(status.as_str().to_owned().into());
-                sql.push_str(&format!(" AND r.status = ?{}", args.len()));
-            }
-            if let Some(tag) = &filter.tag {
-                args.push(tag.clone().into());
-                sql.push_str(&format!(
-                    " AND EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value = ?{})",
-                    args.len()
-                ));
-            }
-            for (path, value) in &params_filter {
-                args.push(path.clone().into());
-                let p = args.len();
-                args.push(value.clone());
-                let v = args.len();
-                sql.push_str(&format!(" AND json_extract(r.config, ?{p}) = ?{v}"));
-            }
-            sql.push_str(" ORDER BY r.created_at DESC, r.id");
-            let limit = filter.limit.unwrap_or(10_000).min(100_000);
-            sql.push_str(&format!(" LIMIT {limit}"));
-            let mut stmt = conn.prepare(&sql).map_err(backend)?;
+            let mut stmt = conn.prepare(&selected).map_err(backend)?;
             let rows = stmt
                 .query_map(rusqlite::params_from_iter(args), run_row)
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+
+    fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError> {
+        let (selected, args) = filtered_runs(filter, "r.id")?;
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT DISTINCT k.name FROM keys k WHERE k.run_id IN ({selected}) ORDER BY k.name"
+            );
+            let mut stmt = conn.prepare(&sql).map_err(backend)?;
+            let names = stmt
+                .query_map(rusqlite::params_from_iter(args), |r| r.get(0))
+                .map_err(backend)?
+                .collect::<Result<Vec<String>, _>>()
+                .map_err(backend)?;
+            Ok(names)
+        })
+    }
+
+    fn latest_of_runs(
+        &self,
+        filter: &RunFilter,
+        keys: &[String],
+    ) -> Result<Vec<RunLatest>, StorageError> {
+        let (selected, mut args) = filtered_runs(filter, "r.id")?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first_key = args.len() + 1;
+        let placeholders = (first_key..first_key + keys.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        args.extend(keys.iter().map(|k| rusqlite::types::Value::Text(k.clone())));
+        self.read(|conn| {
+            // The lowest rank that logged each key, as a series read
+            // without `rank` shows.
+            let sql = format!(
+                "SELECT k.run_id, k.name, l.rank, l.step, l.value, l.wall, l.attempt \
+                 FROM keys k JOIN latest l ON l.key_id = k.id \
+                 WHERE k.name IN ({placeholders}) AND k.run_id IN ({selected}) \
+                 AND l.rank = (SELECT MIN(l2.rank) FROM latest l2 WHERE l2.key_id = k.id) \
+                 ORDER BY k.run_id, k.name"
+            );
+            let mut stmt = conn.prepare(&sql).map_err(backend)?;
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(args), |r| {
+                    Ok(RunLatest {
+                        run: r.get(0)?,
+                        key: r.get(1)?,
+                        rank: r.get(2)?,
+                        step: r.get(3)?,
+                        value: r.get::<_, Option<f64>>(4)?.unwrap_or(f64::NAN),
+                        wall: r.get(5)?,
+                        attempt: r.get(6)?,
+                    })
+                })
                 .map_err(backend)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;

@@ -1,0 +1,104 @@
+// Calls to /api/v1. The pages are open; the API may need a token: on a 401
+// the page asks for it once (a dialog), keeps it in localStorage and sends
+// it as `Authorization: Bearer` from then on.
+
+const TOKEN_KEY = 'relaunch.token';
+export const API = '/api/v1';
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+let asking = null;
+
+function token() {
+  try { return localStorage.getItem(TOKEN_KEY); } catch { return null; }
+}
+
+/** Asks the person for the token; concurrent 401s share one question. */
+function askToken(why) {
+  if (asking) return asking;
+  const dialog = document.getElementById('token-dialog');
+  const input = document.getElementById('token-input');
+  document.getElementById('token-why').textContent = why;
+  input.value = '';
+  asking = new Promise((resolve) => {
+    dialog.addEventListener('close', () => {
+      const value = input.value.trim();
+      if (value) localStorage.setItem(TOKEN_KEY, value);
+      asking = null;
+      resolve(Boolean(value));
+    }, { once: true });
+  });
+  dialog.showModal();
+  return asking;
+}
+
+export function authHeaders() {
+  const t = token();
+  return t ? { Authorization: `Bearer ${t}` } : {};
+}
+
+async function errorText(res) {
+  try {
+    const body = await res.json();
+    return body.error || `${res.status} ${res.statusText}`;
+  } catch {
+    return `${res.status} ${res.statusText}`;
+  }
+}
+
+/** GETs (or sends) `path` under /api/v1 and returns the JSON answer. */
+export async function api(path, { signal, method = 'GET', body } = {}) {
+  for (let tries = 0; ; tries++) {
+    const res = await fetch(API + path, {
+      method, signal, body,
+      headers: { ...authHeaders(), ...(body ? { 'Content-Type': 'application/json' } : {}) },
+    });
+    if (res.status === 401 && tries < 5) {
+      const why = await errorText(res);
+      if (!(await askToken(token() ? `That token was refused (${why}).` : 'This server needs a token (its --token or RELAUNCH_SERVER_TOKEN).'))) {
+        throw new ApiError(401, why);
+      }
+      continue;
+    }
+    if (!res.ok) throw new ApiError(res.status, await errorText(res));
+    return res.json();
+  }
+}
+
+/** A query string from a map; arrays repeat the name, empty values are left out. */
+export function qs(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (Array.isArray(v)) v.forEach((x) => q.append(k, x));
+    else if (v !== null && v !== undefined && v !== '') q.set(k, v);
+  }
+  const s = q.toString();
+  return s ? `?${s}` : '';
+}
+
+export function fileUrl(run, name) {
+  return `${API}/runs/${encodeURIComponent(run)}/files/${name.split('/').map(encodeURIComponent).join('/')}`;
+}
+
+/**
+ * Downloads a run's file. Without a token a plain link does it (streamed
+ * by the browser); with one, the link cannot carry the header, so the file
+ * is fetched with it and handed over as a blob.
+ */
+export async function downloadWithToken(event, url, name) {
+  if (!token()) return;
+  event.preventDefault();
+  const res = await fetch(url, { headers: authHeaders() });
+  if (!res.ok) throw new ApiError(res.status, await errorText(res));
+  const blob = URL.createObjectURL(await res.blob());
+  const a = document.createElement('a');
+  a.href = blob;
+  a.download = name.split('/').pop();
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(blob), 60_000);
+}

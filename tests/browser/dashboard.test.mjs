@@ -1,0 +1,276 @@
+// The dashboard end to end: a real server, runs logged by the real Python
+// client (and the real launcher), pages in Debian's chromium. Each test
+// asserts what a person sees and keeps a screenshot of each page.
+
+import assert from 'node:assert/strict';
+import { writeFileSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { PYTHON, RELAUNCH, World, chartData, chartInked, until } from './lib.mjs';
+
+/** Rows of the runs table as the names shown, top to bottom. */
+const shownRuns = (page) => page.$$eval('table.runs tbody tr[data-run] td:nth-child(2)', (tds) => tds.map((td) => td.textContent));
+
+test('the runs table lists, filters and sorts runs, and compares the selected ones', async (t) => {
+  const w = await World.start(t);
+  w.python(`
+import relaunch
+for name, project, lr, tags in [("alpha", "vision", 0.1, ["baseline"]), ("beta", "vision", 0.01, []), ("gamma", "nlp", 0.001, ["big"])]:
+    run = relaunch.init(project, name=name, config={"optim": {"lr": lr, "name": "adam"}, "layers": 4}, tags=tags)
+    for s in range(50):
+        run.log({"loss": lr * 100 / (s + 1), "acc": s / 50}, step=s)
+    run.finish(timeout=60)
+`);
+  const page = await w.page();
+  await page.goto(`${w.url}/`);
+  await until(async () => (await shownRuns(page)).length === 3, 'three runs listed');
+  assert.deepEqual(await shownRuns(page), ['gamma', 'beta', 'alpha']);
+  // Default columns: the param that differs, and the latest metrics.
+  const heads = await page.$$eval('table.runs thead th', (ths) => ths.map((th) => th.textContent.replace(/[▲▼]/g, '').trim()));
+  assert.ok(heads.includes('optim.lr'), heads.join(','));
+  assert.ok(heads.includes('loss') && heads.includes('acc'), heads.join(','));
+  assert.ok(!heads.includes('layers'), 'a param equal in every run is not a default column');
+  const lossCol = heads.indexOf('loss') + 1;
+  const alphaLoss = await page.textContent(`tr:has(a:text-is("alpha")) td:nth-child(${lossCol})`);
+  assert.equal(alphaLoss, '0.2', 'latest loss of alpha: 0.1 * 100 / 50');
+  await w.screenshot(page, 'runs-table');
+
+  // Sort by the latest loss, ascending: gamma (0.002), beta (0.02), alpha (0.2).
+  await page.click('table.runs thead th:text("loss")');
+  await page.click('table.runs thead th:text("loss")');
+  assert.deepEqual(await shownRuns(page), ['gamma', 'beta', 'alpha']);
+  assert.match(page.url(), /sort=loss|sort=m%3Aloss/);
+
+  // The text filter, in the page.
+  await page.fill('input[name=q]', 'bet');
+  await until(async () => (await shownRuns(page)).join() === 'beta', 'text filter');
+  await page.fill('input[name=q]', '');
+  // Server-side filters, kept in the URL: a link reproduces the view.
+  await page.goto(`${w.url}/?project=vision&param=optim.lr%3D0.1`);
+  await until(async () => (await shownRuns(page)).join() === 'alpha', 'project and param filter');
+  await page.goto(`${w.url}/?status=finished&tag=big`);
+  await until(async () => (await shownRuns(page)).join() === 'gamma', 'status and tag filter');
+
+  // Select two runs and compare them.
+  await page.goto(`${w.url}/`);
+  await until(async () => (await shownRuns(page)).length === 3, 'runs again');
+  await page.check('tr:has(a:text-is("alpha")) input[type=checkbox]');
+  await page.check('tr:has(a:text-is("gamma")) input[type=checkbox]');
+  assert.match(page.url(), /sel=/);
+  await page.click('a.button:text("Compare 2")');
+  await page.waitForURL(/\/compare\?runs=/);
+  const loss = await until(async () => {
+    const d = await chartData(page, 'loss');
+    return d && d[0].length === 50 && d;
+  }, 'the compare chart of loss');
+  assert.equal(loss.length, 3, 'x and one line per run');
+  assert.ok(await chartInked(page, 'loss') > 50, 'the lines are drawn');
+  const diffRows = await page.$$eval('.diff-table tbody tr', (trs) => trs.map((tr) => tr.dataset.param));
+  assert.deepEqual(diffRows, ['optim.lr'], 'only the differing param');
+  await w.screenshot(page, 'compare');
+  assert.deepEqual(w.errors, []);
+});
+
+test('a run page draws the logged series and shows a new point live', async (t) => {
+  const w = await World.start(t);
+  const py = w.spawn(PYTHON, ['-c', `
+import relaunch, sys
+run = relaunch.init("live", name="live-run", config={"lr": 0.1, "model": {"width": 256}})
+for s in range(100):
+    run.log({"loss": 1 / (s + 1), "lr": 0.1}, step=s)
+run.flush(timeout=60)
+print(run.id, flush=True)
+sys.stdin.readline()
+for s in range(100, 110):
+    run.log({"loss": 1 / (s + 1)}, step=s)
+run.flush(timeout=60)
+print("more", flush=True)
+sys.stdin.readline()
+run.finish(timeout=60)
+`], { env: w.env() });
+  const id = await until(() => py.output.split('\n').length > 1 && py.output.split('\n')[0], 'the run id', 60000);
+  const page = await w.page();
+  await page.goto(`${w.url}/runs/${id}?metrics=loss`);
+  const first = await until(async () => {
+    const d = await chartData(page, 'loss');
+    return d && d[0].length === 100 && d;
+  }, 'the loss chart');
+  assert.equal(first[0][99], 99);
+  assert.equal(first[1][99], 1 / 100);
+  assert.ok(await chartInked(page, 'loss') > 50, 'the line is drawn');
+  assert.match(await page.textContent('.chart[data-key=loss] .chart-value'), /0\.01 @ step 99/);
+  await w.screenshot(page, 'run-charts');
+
+  py.stdin.write('go\n');
+  await until(() => py.output.includes('more'), 'the next points logged', 60000);
+  const live = await until(async () => {
+    const d = await chartData(page, 'loss');
+    return d && d[0].length === 110 && d;
+  }, 'the new points on the chart, live');
+  assert.equal(live[0][109], 109);
+  assert.match(await page.textContent('.chart[data-key=loss] .chart-value'), /@ step 109/);
+
+  // Smoothing, log scale and the x axis are in the URL.
+  await page.goto(`${w.url}/runs/${id}?metrics=loss&smooth=0.9&log=1&x=wall`);
+  const smoothed = await until(async () => {
+    const d = await chartData(page, 'loss');
+    return d && d[0].length === 110 && d;
+  }, 'the smoothed chart');
+  assert.equal(smoothed.length, 5, 'x, raw, smoothed, max, min');
+  assert.ok(smoothed[0][0] > 1e9, 'x is wall time');
+  assert.ok(smoothed[2][109] > smoothed[1][109], 'the smoothed line lags the falling raw one');
+  await w.screenshot(page, 'run-charts-smoothed');
+
+  // Zoom: drag over the chart, the range comes back at full detail.
+  await page.goto(`${w.url}/runs/${id}?metrics=loss`);
+  await until(async () => (await chartData(page, 'loss'))?.[0].length === 110, 'the chart again');
+  const over = await page.$('.chart[data-key=loss] .u-over');
+  const box = await over.boundingBox();
+  await page.mouse.move(box.x + box.width * 0.2, box.y + box.height / 2);
+  await page.mouse.down();
+  await page.mouse.move(box.x + box.width * 0.4, box.y + box.height / 2, { steps: 5 });
+  await page.mouse.up();
+  await until(() => /zoom=/.test(page.url()), 'the zoom in the URL');
+  const zoomed = await until(async () => {
+    const d = await chartData(page, 'loss');
+    return d && d[0].length < 110 && d[0].length > 5 && d;
+  }, 'the zoomed range fetched');
+  assert.ok(zoomed[0][0] >= 15 && zoomed[0][zoomed[0].length - 1] <= 50, `zoomed steps ${zoomed[0][0]}..${zoomed[0].at(-1)}`);
+
+  // Params.
+  await page.click('nav.tabs a[data-tab=params]');
+  await page.waitForSelector('table.params td:text("256")');
+  await w.screenshot(page, 'run-params');
+  py.stdin.write('go\n');
+  assert.deepEqual(w.errors, []);
+});
+
+test('a launched job: live console lines, the restart marked on the chart, the failure traceback', async (t) => {
+  const w = await World.start(t);
+  const script = join(w.dir, 'train.py');
+  const go = join(w.dir, 'go');
+  writeFileSync(script, `
+import os, sys, time
+import relaunch
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+rank = int(os.environ["RANK"])
+run = relaunch.init(config={"lr": 0.1, "attempt_seen": attempt})
+steps = range(0, 1000) if attempt == 0 else range(20, 40)
+for s in steps:
+    run.log({"loss": 1.0 / (s + 1) + attempt * 0.01}, step=s)
+    print(f"rank {rank} attempt {attempt} step {s}", flush=True)
+    if attempt == 0 and rank == 1 and s == 25:
+        run.flush(timeout=30)
+        raise RuntimeError("boom at step 25")
+    time.sleep(0.02)
+run.flush(timeout=30)
+if rank == 0:
+    print("waiting for the go file", flush=True)
+    while not os.path.exists(${JSON.stringify(go)}):
+        time.sleep(0.05)
+    print("hello from the live tail", flush=True)
+run.finish(timeout=30)
+`);
+  const job = w.spawn(RELAUNCH, ['run', '--server', w.url, '--project', 'launched', '--run-id', 'job1',
+    '--nproc-per-node', '2', '--max-restarts', '1', '--monitor-interval', '0.1', '--system-metrics-interval', '1',
+    '--tracking-dir', join(w.dir, 'client'), script], { env: w.env({ PYTHON_EXEC: PYTHON }) });
+  const page = await w.page();
+  await until(() => job.output.includes('waiting for the go file'), `the second attempt to wait (output: ${job.output.slice(-2000)})`, 90000);
+  await page.goto(`${w.url}/runs/job1?tab=logs`);
+  await page.waitForSelector('.log .line:text("waiting for the go file")', { timeout: 20000 });
+  assert.ok(await page.$('.log .line:text("rank 1 attempt 0 step 25")'), 'the first attempt\'s lines');
+  writeFileSync(go, '');
+  await page.waitForSelector('.log .line:text("hello from the live tail")', { timeout: 20000 });
+  // Search and the rank filter.
+  await page.fill('input[name=q]', 'boom');
+  // The search applies after a pause: wait until only matching lines show.
+  await until(async () => {
+    const shown = await page.$$eval('.log .line', (ls) => ls.map((l) => l.textContent.toLowerCase()));
+    return shown.length >= 1 && shown.every((l) => l.includes('boom'));
+  }, 'only the traceback lines shown');
+  await page.fill('input[name=q]', '');
+  await page.selectOption('select[name=rank]', '1');
+  await until(async () => (await page.$$eval('.log .line .rank', (rs) => rs.every((r) => r.textContent === '[1]'))), 'rank 1 only');
+  await w.screenshot(page, 'run-logs');
+
+  await until(() => job.exitCode !== null, 'the job to end', 60000);
+  assert.equal(job.exitCode, 0, job.output.slice(-3000));
+
+  await page.goto(`${w.url}/runs/job1`);
+  const marker = await page.waitForSelector('.chart[data-key=loss] .marker:text("restart")', { timeout: 20000 });
+  assert.match(await marker.textContent(), /restart · attempt 0 · step 2\d/);
+  const loss = await chartData(page, 'loss');
+  assert.equal(loss[0].at(-1), 39, 'the second attempt ran to step 39');
+  await w.screenshot(page, 'run-restart');
+
+  await page.click('nav.tabs a[data-tab=events]');
+  const failure = await page.waitForSelector('li.event[data-kind=worker_failed] details[open] pre.traceback');
+  assert.match(await failure.textContent(), /RuntimeError: boom at step 25/);
+  assert.ok(await page.$('li.event[data-kind=restart]'));
+  assert.ok(await page.$('li.event[data-kind=finished]'));
+  await w.screenshot(page, 'run-events');
+
+  await page.click('nav.tabs a[data-tab=system]');
+  await until(async () => (await page.$$('.chart')).length > 0, 'system metric charts');
+  await w.screenshot(page, 'run-system');
+  assert.deepEqual(w.errors, []);
+});
+
+test('files and checkpoints are listed with sizes and download', async (t) => {
+  const w = await World.start(t);
+  const src = join(w.dir, 'notes.txt');
+  writeFileSync(src, 'the weights are fine\n'.repeat(1000));
+  const id = w.python(`
+import relaunch
+run = relaunch.init("files", name="with-files")
+run.save_file(${JSON.stringify(src)}, "notes.txt")
+run.save_file(${JSON.stringify(src)}, "checkpoints/step_10/model.pt")
+run.save_file(${JSON.stringify(src)}, "checkpoints/step_20/model.pt")
+run.finish(timeout=60)
+print(run.id)
+`);
+  const page = await w.page();
+  await page.goto(`${w.url}/runs/${id}?tab=files`);
+  await page.waitForSelector('tr[data-file="notes.txt"]');
+  assert.match(await page.textContent('tr[data-file="notes.txt"] td.num'), /20\.5 KiB/);
+  const steps = await page.$$eval('details.ckpt', (ds) => ds.map((d) => d.dataset.step));
+  assert.deepEqual(steps, ['20', '10'], 'newest checkpoint first');
+  await page.click('details.ckpt[data-step="20"] summary');
+  await w.screenshot(page, 'run-files');
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    page.click('tr[data-file="notes.txt"] a'),
+  ]);
+  const saved = await download.path();
+  assert.equal(readFileSync(saved, 'utf8'), readFileSync(src, 'utf8'));
+  assert.deepEqual(w.errors, []);
+});
+
+test('with a token the page asks for it once, remembers it, and downloads with it', async (t) => {
+  const w = await World.start(t, { token: 's3cret-token' });
+  const src = join(w.dir, 'a.txt');
+  writeFileSync(src, 'guarded bytes');
+  const id = w.python(`
+import relaunch
+run = relaunch.init("guarded", name="needs-token")
+run.log({"loss": 1.0}, step=0)
+run.save_file(${JSON.stringify(src)}, "a.txt")
+run.finish(timeout=60)
+print(run.id)
+`);
+  const page = await w.page();
+  await page.goto(`${w.url}/`);
+  await page.waitForSelector('#token-dialog[open]');
+  await page.fill('#token-input', 's3cret-token');
+  await page.click('#token-dialog button[type=submit]');
+  await until(async () => (await shownRuns(page)).join() === 'needs-token', 'the run listed with the token');
+  await w.screenshot(page, 'token');
+  // Remembered: a new page asks nothing.
+  await page.goto(`${w.url}/runs/${id}?tab=files`);
+  await page.waitForSelector('tr[data-file="a.txt"]');
+  assert.equal(await page.$('#token-dialog[open]'), null);
+  const [download] = await Promise.all([page.waitForEvent('download'), page.click('tr[data-file="a.txt"] a')]);
+  assert.equal(readFileSync(await download.path(), 'utf8'), 'guarded bytes');
+  // The only errors: the first requests' 401s, before the token was given.
+  assert.ok(w.errors.every((e) => /401/.test(e)), w.errors.join('\n'));
+});
