@@ -212,12 +212,9 @@ pub struct Latest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunLatest {
     pub run: String,
-    pub key: String,
-    pub rank: u32,
-    pub step: i64,
-    pub value: f64,
-    pub wall: f64,
-    pub attempt: u32,
+    /// Its fields sit beside `run` in the JSON object.
+    #[serde(flatten)]
+    pub latest: Latest,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -611,7 +611,7 @@ async fn latest_values_of_many_runs_in_one_request() {
     assert_eq!(status, StatusCode::OK);
     let latest: Vec<relaunch_api::RunLatest> = serde_json::from_slice(&body).unwrap();
     assert_eq!(latest.len(), 1);
-    assert_eq!((latest[0].run.as_str(), latest[0].step), ("r1", 9));
+    assert_eq!((latest[0].run.as_str(), latest[0].latest.step), ("r1", 9));
     let (status, body) = server.get("/api/v1/latest?project=p").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error(&body).error.contains("key=NAME"));

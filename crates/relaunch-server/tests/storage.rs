@@ -244,7 +244,15 @@ fn the_latest_values_of_many_runs_in_one_read() {
             .latest_of_runs(&all_runs, &keys)
             .unwrap()
             .into_iter()
-            .map(|l| (l.run, l.key, l.rank, l.step, l.value))
+            .map(|l| {
+                (
+                    l.run,
+                    l.latest.key,
+                    l.latest.rank,
+                    l.latest.step,
+                    l.latest.value,
+                )
+            })
             .collect();
         assert_eq!(
             got,

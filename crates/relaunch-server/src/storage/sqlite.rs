@@ -595,12 +595,14 @@ impl Storage for SqliteStorage {
                 .query_map(rusqlite::params_from_iter(args), |r| {
                     Ok(RunLatest {
                         run: r.get(0)?,
-                        key: r.get(1)?,
-                        rank: r.get(2)?,
-                        step: r.get(3)?,
-                        value: r.get::<_, Option<f64>>(4)?.unwrap_or(f64::NAN),
-                        wall: r.get(5)?,
-                        attempt: r.get(6)?,
+                        latest: Latest {
+                            key: r.get(1)?,
+                            rank: r.get(2)?,
+                            step: r.get(3)?,
+                            value: r.get::<_, Option<f64>>(4)?.unwrap_or(f64::NAN),
+                            wall: r.get(5)?,
+                            attempt: r.get(6)?,
+                        },
                     })
                 })
                 .map_err(backend)?
