@@ -271,6 +271,9 @@ print(run.id)
   assert.equal(await page.$('#token-dialog[open]'), null);
   const [download] = await Promise.all([page.waitForEvent('download'), page.click('tr[data-file="a.txt"] a')]);
   assert.equal(readFileSync(await download.path(), 'utf8'), 'guarded bytes');
+  // A plain link the browser streams to disk (the token rides in the
+  // read-only cookie), not bytes fetched into the page's memory.
+  assert.match(download.url(), /^http:\/\/[^/]+\/api\/v1\/runs\/[^/]+\/files\/a\.txt$/);
   // The only errors: the first requests' 401s, before the token was given.
   assert.ok(w.errors.every((e) => /401/.test(e)), w.errors.join('\n'));
 });

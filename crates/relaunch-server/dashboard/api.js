@@ -1,6 +1,8 @@
 // Calls to /api/v1. The pages are open; the API may need a token: on a 401
 // the page asks for it once (a dialog), keeps it in localStorage and sends
-// it as `Authorization: Bearer` from then on.
+// it as `Authorization: Bearer` from then on. It also sets it as the
+// `relaunch_token` cookie (SameSite=Strict, path /api/v1), which the server
+// accepts for reads only, so that download links stream straight to disk.
 
 const TOKEN_KEY = 'relaunch.token';
 export const API = '/api/v1';
@@ -18,6 +20,15 @@ function token() {
   try { return localStorage.getItem(TOKEN_KEY); } catch { return null; }
 }
 
+/** The token as the cookie downloads carry (reads only, this site only). */
+function setCookie(value) {
+  const secure = location.protocol === 'https:' ? '; Secure' : '';
+  document.cookie = `relaunch_token=${encodeURIComponent(value)}; path=${API}; SameSite=Strict${secure}`;
+}
+
+// A token kept from an earlier visit: its cookie too.
+if (token()) setCookie(token());
+
 /** Asks the person for the token; concurrent 401s share one question. */
 function askToken(why) {
   if (asking) return asking;
@@ -28,7 +39,10 @@ function askToken(why) {
   asking = new Promise((resolve) => {
     dialog.addEventListener('close', () => {
       const value = input.value.trim();
-      if (value) localStorage.setItem(TOKEN_KEY, value);
+      if (value) {
+        localStorage.setItem(TOKEN_KEY, value);
+        setCookie(value);
+      }
       asking = null;
       resolve(Boolean(value));
     }, { once: true });
@@ -83,22 +97,4 @@ export function qs(params) {
 
 export function fileUrl(run, name) {
   return `${API}/runs/${encodeURIComponent(run)}/files/${name.split('/').map(encodeURIComponent).join('/')}`;
-}
-
-/**
- * Downloads a run's file. Without a token a plain link does it (streamed
- * by the browser); with one, the link cannot carry the header, so the file
- * is fetched with it and handed over as a blob.
- */
-export async function downloadWithToken(event, url, name) {
-  if (!token()) return;
-  event.preventDefault();
-  const res = await fetch(url, { headers: authHeaders() });
-  if (!res.ok) throw new ApiError(res.status, await errorText(res));
-  const blob = URL.createObjectURL(await res.blob());
-  const a = document.createElement('a');
-  a.href = blob;
-  a.download = name.split('/').pop();
-  a.click();
-  setTimeout(() => URL.revokeObjectURL(blob), 60_000);
 }

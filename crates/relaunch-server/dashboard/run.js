@@ -2,7 +2,7 @@
 // metrics, console logs, events, files and checkpoints, and params. The
 // tab and every chart setting live in the query string.
 
-import { api, fileUrl, downloadWithToken, qs } from './api.js';
+import { api, fileUrl, qs } from './api.js';
 import { Chart, columns, fetchSeries, markerPositions, smooth } from './chart.js';
 import { logsView } from './logs.js';
 import {
@@ -308,7 +308,7 @@ function filesView(root, ctx) {
       const fileRows = (list) => list.map((f) => {
         const url = fileUrl(ctx.id, f.name);
         return h('tr', { 'data-file': f.name },
-          h('td', {}, h('a', { href: url, download: f.name.split('/').pop(), onclick: (e) => downloadWithToken(e, url, f.name) }, f.name)),
+          h('td', {}, h('a', { href: url, download: f.name.split('/').pop() }, f.name)),
           h('td', { class: 'num' }, fmtBytes(f.size)),
           h('td', { title: fmtTime(f.created_at) }, fmtAgo(f.created_at)),
           h('td', {}, h('code', { title: f.blake3 }, f.blake3.slice(0, 12))));

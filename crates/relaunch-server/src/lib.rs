@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -103,18 +103,27 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The cookie the dashboard sets so that the browser's own downloads (a
+/// link, streamed to disk) carry the token.
+pub const TOKEN_COOKIE: &str = "relaunch_token";
+
 /// Every guarded request must carry `Authorization: Bearer TOKEN` when the
-/// server has a token.
+/// server has a token. A `GET` or `HEAD` may carry it as the
+/// [`TOKEN_COOKIE`] cookie instead (the dashboard sets it `SameSite=Strict`;
+/// nothing that writes is accepted on a cookie).
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(token) = &state.token else {
         return next.run(request).await;
     };
-    let given = request
-        .headers()
+    let headers = request.headers();
+    let reads = matches!(*request.method(), Method::GET | Method::HEAD);
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer);
-    match given {
+        .and_then(bearer)
+        .map(str::to_owned)
+        .or_else(|| reads.then(|| cookie(headers, TOKEN_COOKIE)).flatten());
+    match given.as_deref() {
         Some(given) if bool::from(given.as_bytes().ct_eq(token.as_bytes())) => next.run(request).await,
         Some(_) => AppError::Unauthorized("wrong token: send the server's token (its --token or RELAUNCH_SERVER_TOKEN)".into())
             .into_response(),
@@ -123,6 +132,23 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         )
         .into_response(),
     }
+}
+
+/// The value of cookie `name` (percent-decoded) in the request's `Cookie`
+/// headers.
+fn cookie(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| {
+            percent_encoding::percent_decode_str(v)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
 }
 
 /// The credentials of `Bearer CREDENTIALS`; the scheme's name is

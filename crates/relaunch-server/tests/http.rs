@@ -167,6 +167,28 @@ async fn a_token_guards_every_data_path() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(server.send(right).await.0, StatusCode::OK);
+    // The dashboard's cookie: good for reads (a download link), percent-
+    // decoded, never for writes.
+    let with_cookie = |method: &str, cookie: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/api/v1/runs")
+            .header(header::COOKIE, cookie)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"project": "p", "attempt_token": "t"}"#))
+            .unwrap()
+    };
+    let cookie = "theme=dark; relaunch_token=s3cr%65t";
+    assert_eq!(
+        server.send(with_cookie("GET", cookie)).await.0,
+        StatusCode::OK
+    );
+    let (status, body) = server.send(with_cookie("POST", cookie)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
+    let (status, body) = server.send(with_cookie("GET", "relaunch_token=nope")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(error(&body).error.contains("wrong token"));
     // Health stays open, for load balancers.
     assert_eq!(server.get("/api/v1/health").await.0, StatusCode::OK);
 }
