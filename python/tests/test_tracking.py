@@ -822,6 +822,8 @@ def test_batches_are_stored_once_and_garbage_bodies_are_refused(tracking_server)
         ("runs/raw/logs?wait=-1", "is not a number of seconds"),
         ("runs/raw/logs?wait=NaN", "is not a number of seconds"),
         ("runs/raw/logs?after=-5", "after"),
+        ("runs/raw/logs?tail=5&after=3", "use one of them"),
+        ("runs/raw/logs?tail=-1", "tail"),
     ]:
         status, message = refused(server, "GET", f"{API}/{query}")
         assert status == 400 and says in message, (query, message)
@@ -1181,6 +1183,28 @@ def test_metrics_and_logs_on_real_data(two_runs):
     first = get_json(server, f"{API}/runs/cli-b/logs")[0]["id"]  # type: ignore[index]
     after = cli("logs", "cli-b", *url, "--after", str(first)).stdout.splitlines()
     assert after == ["[rank 1:err] warning: slow data", "[rank 0] epoch 1 done: ünïcode ✓"]
+    # The last N lines; with --follow (cli-b is still running), then it waits
+    # for new ones after them.
+    assert cli("logs", "cli-b", *url, "--tail", "2").stdout.splitlines() == after
+    follow = subprocess.Popen(
+        [*RELAUNCH, "logs", "cli-b", *url, "--tail", "2", "--follow"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert [follow.stdout.readline().rstrip("\n") for _ in after] == after
+        time.sleep(1)
+        assert follow.poll() is None  # still following
+    finally:
+        follow.kill()
+        rest, _ = follow.communicate(timeout=10)
+    assert rest == ""  # nothing printed twice
+    assert cli("logs", "cli-b", *url, "-n", "1", "--rank", "0").stdout == (
+        "[rank 0] epoch 1 done: ünïcode ✓\n"
+    )
+    for bad in (["--tail", "0"], ["--tail", "2", "--after", "1"]):
+        out = cli("logs", "cli-b", *url, *bad)
+        assert out.returncode == 2 and "--" in out.stderr, (bad, out.stderr)
     # A run without console lines prints nothing; --follow on an ended run ends.
     for follow in ([], ["--follow"]):
         out = cli("logs", "cli-a", *url, *follow, timeout=30)

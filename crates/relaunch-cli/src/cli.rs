@@ -603,8 +603,12 @@ pub struct LogsArgs {
     pub follow: bool,
 
     /// Start after the line with this id (ids only grow), e.g. to resume.
-    #[arg(long, default_value_t = 0, value_name = "ID")]
+    #[arg(long, default_value_t = 0, value_name = "ID", conflicts_with = "tail")]
     pub after: u64,
+
+    /// Start with the last N lines (with --follow: then the new ones).
+    #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub tail: Option<u32>,
 }
 
 /// Most points of one series read: the server's limit.

@@ -44,6 +44,8 @@ pub struct LogsQuery {
     pub limit: Option<u32>,
     /// Seconds the server may wait for a line when none is there yet.
     pub wait: f64,
+    /// The last this many lines instead (`after` must be 0; no wait).
+    pub tail: Option<u32>,
 }
 
 impl Client {
@@ -192,6 +194,9 @@ impl Client {
         }
         if let Some(l) = query.limit {
             q.push(("limit", l.to_string()));
+        }
+        if let Some(n) = query.tail {
+            q.push(("tail", n.to_string()));
         }
         self.call(
             "reading console lines",

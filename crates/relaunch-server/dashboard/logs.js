@@ -1,12 +1,15 @@
-// Console lines of a run, every rank, tailed live: one long poll
-// (`?after=LAST&wait=20`) answers as soon as lines arrive. Filters by rank
-// and text happen in the page over the lines loaded.
+// Console lines of a run, every rank, tailed live: the last lines first
+// (`?tail=N`), then one long poll (`?after=LAST&wait=20`) that answers as
+// soon as lines arrive. Filters by rank and text happen in the page over
+// the lines loaded.
 
 import { api, qs } from './api.js';
 import { debounce, fmtTime, h, query, setQuery, showError } from './util.js';
 
 /** Lines kept in the page; older ones are dropped (the server keeps all). */
 const MAX_LINES = 200000;
+/** Lines loaded when the page opens: the newest. */
+const FIRST = 50000;
 /** Lines drawn at once: the newest that match. */
 const MAX_SHOWN = 5000;
 const PAGE = 10000;
@@ -19,6 +22,7 @@ export function logsView(root, ctx) {
   const ranks = new Set();
   let after = 0;
   let dropped = 0;
+  let older = false; // lines before the first tail were never loaded
   let alive = true;
   const controller = new AbortController();
   const signal = AbortSignal.any ? AbortSignal.any([controller.signal, ctx.signal]) : controller.signal;
@@ -84,7 +88,8 @@ export function logsView(root, ctx) {
   }
 
   function updateCount() {
-    count.textContent = `${matching} of ${lines.length} lines${dropped ? ` (${dropped} older not kept here)` : ''}${matching > MAX_SHOWN ? `; the newest ${MAX_SHOWN} shown` : ''}`;
+    const kept = dropped ? ` (${dropped} older not kept here)` : older ? ' (the newest; older ones: relaunch logs RUN)' : '';
+    count.textContent = `${matching} of ${lines.length} lines${kept}${matching > MAX_SHOWN ? `; the newest ${MAX_SHOWN} shown` : ''}`;
   }
 
   async function tail() {
@@ -92,9 +97,12 @@ export function logsView(root, ctx) {
     let first = true;
     while (alive) {
       try {
-        const batch = await api(`/runs/${encodeURIComponent(ctx.id)}/logs${qs({ after, limit: PAGE, wait: caughtUp ? 20 : 0 })}`, { signal });
+        const opening = first && after === 0;
+        const batch = await api(`/runs/${encodeURIComponent(ctx.id)}/logs${qs(opening ? { tail: FIRST } : { after, limit: PAGE, wait: caughtUp ? 20 : 0 })}`, { signal });
         message.replaceChildren();
-        caughtUp = batch.length < PAGE;
+        // The tail is the newest lines: what follows it is caught up.
+        caughtUp = opening || batch.length < PAGE;
+        if (opening && batch.length === FIRST) older = true;
         if (batch.length) {
           after = batch[batch.length - 1].id;
           for (const l of batch) { lines.push(l); ranks.add(l.rank); }

@@ -375,6 +375,8 @@ pub(crate) struct LogsQuery {
     /// Seconds to wait for new lines when there are none (a follow).
     #[serde(default)]
     wait: f64,
+    /// The last this many lines instead, at once (where a tail starts).
+    tail: Option<u32>,
 }
 
 fn default_log_limit() -> u32 {
@@ -387,6 +389,16 @@ pub(crate) async fn logs(
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Vec<LogLine>>, AppError> {
     let Query(q) = query.map_err(|e| AppError::BadRequest(e.to_string()))?;
+    if let Some(n) = q.tail {
+        if q.after != 0 {
+            return Err(AppError::BadRequest(
+                "tail=N gives the last N lines and after=ID the lines after one: use one of them"
+                    .into(),
+            ));
+        }
+        let lines = blocking(&state.storage, move |s| s.log_tail(&id, q.rank, n)).await?;
+        return Ok(Json(lines));
+    }
     let wait = Duration::try_from_secs_f64(q.wait)
         .map_err(|_| {
             AppError::BadRequest(format!("wait {} is not a number of seconds >= 0", q.wait))

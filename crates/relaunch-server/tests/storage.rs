@@ -459,6 +459,12 @@ fn console_lines_and_events() {
         );
         assert_eq!(s.logs("r", Some(1), 0, 100).unwrap().len(), 1);
         assert!(s.logs("r", None, lines[1].id, 100).unwrap().is_empty());
+        // The tail: the last lines, in order, of every rank or of one.
+        assert_eq!(s.log_tail("r", None, 1).unwrap(), lines[1..]);
+        assert_eq!(s.log_tail("r", None, 10).unwrap(), lines);
+        assert_eq!(s.log_tail("r", Some(0), 10).unwrap(), lines[..1]);
+        assert!(s.log_tail("r", Some(7), 10).unwrap().is_empty());
+        assert!(s.log_tail("nope", None, 10).is_err());
         let events = s.events("r").unwrap();
         assert_eq!(events[0].kind, "preempted");
         assert_eq!(events[0].data["step"], 42);

@@ -48,12 +48,31 @@ async fn print_lines(client: &Client, args: &LogsArgs) -> anyhow::Result<u8> {
         // Without --follow, the run counts as ended: print what is there.
         ended: !args.follow || has_ended(client, run).await.map_err(fail)?,
     };
+    if let Some(n) = args.tail {
+        let query = LogsQuery {
+            rank: args.rank,
+            tail: Some(n),
+            ..LogsQuery::default()
+        };
+        let last = client.logs(run, &query).await.map_err(fail)?;
+        if !output::data(&render(&last))? {
+            return Ok(0);
+        }
+        // With nothing yet, a follow starts from the first line.
+        if let Some(line) = last.last() {
+            cursor.after = line.id;
+        }
+        if cursor.ended {
+            return Ok(0);
+        }
+    }
     loop {
         let query = LogsQuery {
             rank: args.rank,
             after: cursor.after,
             limit: Some(PAGE),
             wait: if cursor.ended { 0.0 } else { FOLLOW_WAIT },
+            tail: None,
         };
         let page = if cursor.ended {
             client.logs(run, &query).await.map_err(fail)?

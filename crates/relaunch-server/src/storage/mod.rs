@@ -88,6 +88,10 @@ pub trait Storage: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<LogLine>, StorageError>;
 
+    /// The last `n` console lines of `run` (of `rank` only, if given), in
+    /// order: where a live tail starts.
+    fn log_tail(&self, run: &str, rank: Option<u32>, n: u32) -> Result<Vec<LogLine>, StorageError>;
+
     fn events(&self, run: &str) -> Result<Vec<Event>, StorageError>;
 
     /// Makes `file` visible in the run, replacing a file of the same name,

@@ -335,6 +335,22 @@ const RUN_COLUMNS: &str = "r.id, p.name AS project, r.name, r.status, r.created_
 const RUN_SELECT: &str = "SELECT r.id, p.name AS project, r.name, r.status, r.created_at, r.updated_at, \
      r.attempts, r.tags, r.notes, r.config FROM runs r JOIN projects p ON p.id = r.project_id";
 
+/// A `logs` row (`id, rank, stream, attempt, wall, text`).
+fn log_line(r: &rusqlite::Row<'_>) -> rusqlite::Result<LogLine> {
+    Ok(LogLine {
+        id: r.get::<_, i64>(0)?.unsigned_abs(),
+        rank: r.get(1)?,
+        stream: if r.get::<_, i64>(2)? == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        },
+        attempt: r.get(3)?,
+        wall: r.get(4)?,
+        text: r.get(5)?,
+    })
+}
+
 fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
     conn.query_row(&format!("{RUN_SELECT} WHERE r.id = ?1"), [id], run_row)
         .optional()
@@ -736,19 +752,29 @@ impl Storage for SqliteStorage {
                 )
                 .map_err(backend)?;
             let rows = stmt
-                .query_map(params![run, after, rank, limit.min(100_000)], |r| {
-                    Ok(LogLine {
-                        id: r.get::<_, i64>(0)?.unsigned_abs(),
-                        rank: r.get(1)?,
-                        stream: if r.get::<_, i64>(2)? == 0 { Stream::Stdout } else { Stream::Stderr },
-                        attempt: r.get(3)?,
-                        wall: r.get(4)?,
-                        text: r.get(5)?,
-                    })
-                })
+                .query_map(params![run, after, rank, limit.min(100_000)], log_line)
                 .map_err(backend)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
+            Ok(rows)
+        })
+    }
+
+    fn log_tail(&self, run: &str, rank: Option<u32>, n: u32) -> Result<Vec<LogLine>, StorageError> {
+        self.read(|conn| {
+            get_run(conn, run)?;
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                     WHERE run_id = ?1 AND (?2 IS NULL OR rank = ?2) ORDER BY id DESC LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let mut rows = stmt
+                .query_map(params![run, rank, n.min(100_000)], log_line)
+                .map_err(backend)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(backend)?;
+            rows.reverse();
             Ok(rows)
         })
     }
