@@ -95,8 +95,9 @@ def main() -> int:
             f"mid-epoch and resumed from their checkpoint, logged as run {run_id}; "
             f"checkpoints and logs in "
             f"{args.dir}.\nSee it again: relaunch server --data-dir {args.dir / 'server'} "
-            f"--port 0, then relaunch runs show {run_id} --server URL (or relaunch logs, "
-            "relaunch metrics)",
+            f"--port 8765, then open http://127.0.0.1:8765/runs/{run_id} in a browser (the "
+            f"dashboard), or relaunch runs show {run_id} --server http://127.0.0.1:8765 (or "
+            "relaunch logs, relaunch metrics)",
             flush=True,
         )
     return code
