@@ -1,12 +1,13 @@
-//! Early write-out of a file just written. The server's chunk store writes
-//! an upload's chunks to the page cache at memory speed and makes them
-//! durable when the file commits, with one flush: left alone, the kernel
-//! would write gigabytes out only then, and the commit would wait for all
-//! of it. [`start_writeback`] asks the kernel to start on a chunk as soon
-//! as it is written (`sync_file_range(SYNC_FILE_RANGE_WRITE)`: start,
-//! don't wait), so the disk works while the upload goes on and the flush
-//! at the commit finds little left. The flush stays: this only moves work
-//! earlier, it promises nothing.
+//! Early write-out of a file just written. Where the file system refuses
+//! direct I/O, the server's chunk store writes an upload's chunks to the
+//! page cache at memory speed and makes them durable when the file
+//! commits, with one flush: left alone, the kernel would write gigabytes
+//! out only then, and the commit would wait for all of it.
+//! [`start_writeback`] asks the kernel to start on a chunk as soon as it is
+//! written (`sync_file_range(SYNC_FILE_RANGE_WRITE)`: start, don't wait),
+//! so the disk works while the upload goes on and the flush at the commit
+//! finds little left. The flush stays: this only moves work earlier, it
+//! promises nothing.
 
 // The one call std and nix do not wrap is `sync_file_range`; the unsafe
 // block below is that call, on a descriptor we hold open.
