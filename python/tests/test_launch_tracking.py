@@ -75,15 +75,22 @@ def events(server: TrackingServer, run: str) -> list[dict]:
 
 
 FAILS_ONCE = """
-    import os, sys
+    import os, sys, time
     import relaunch
     run = relaunch.init(config={"lr": 0.01})
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    # Rank 1 fails only once rank 0 has printed its steps (the failure stops
+    # rank 0; under load it could otherwise be stopped before step 0).
+    printed = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0-printed")
     for step in range(20):
         run.log({"loss": 1.0 / (step + 1) + restart}, step=step)
         print(f"rank {rank} attempt {restart} step {step}", flush=True)
+    if rank == 0 and restart == 0:
+        open(printed, "w").close()
     if rank == 1 and restart == 0:
+        while not os.path.exists(printed):
+            time.sleep(0.05)
         raise RuntimeError("boom on rank 1")
     run.finish()
 """
