@@ -1,7 +1,6 @@
 //! The tracking server's HTTP API as data: JSON request and response types
 //! ([`types`]) and the binary batch format for bulk metrics, console lines
-//! and events ([`batch`]), the file protocol and its chunker ([`files`]);
-//! and [`writeback`], the early disk write-out of the server's chunk store.
+//! and events ([`batch`]), the file protocol and its chunker ([`files`]).
 //! The server and the client both depend on this crate and never on each
 //! other.
 
@@ -9,7 +8,6 @@ pub mod batch;
 pub mod files;
 pub mod names;
 pub mod types;
-pub mod writeback;
 
 pub use batch::{Batch, BatchError, Record};
 pub use files::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};

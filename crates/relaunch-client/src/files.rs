@@ -148,8 +148,7 @@ pub async fn upload(
         tokio::select! {
             biased;
             Some(joined) = sends.join_next(), if !sends.is_empty() => {
-                done += joined
-                    .map_err(|e| ClientError::Config(format!("a chunk upload task failed: {e}")))??;
+                done += sent(joined)?;
                 progress(done, total);
             }
             first = rx.recv(), if !finished && sends.len() < PARALLEL => {
@@ -181,9 +180,7 @@ pub async fn upload(
                     if missing.remove(&hashed.chunk.hash) {
                         while sends.len() >= PARALLEL {
                             if let Some(joined) = sends.join_next().await {
-                                done += joined.map_err(|e| {
-                                    ClientError::Config(format!("a chunk upload task failed: {e}"))
-                                })??;
+                                done += sent(joined)?;
                                 progress(done, total);
                             }
                         }
@@ -225,6 +222,13 @@ pub async fn upload(
         sent_chunks,
         sent_bytes,
     })
+}
+
+/// The bytes a finished chunk task sent, or why it failed.
+fn sent(
+    joined: Result<Result<u64, ClientError>, tokio::task::JoinError>,
+) -> Result<u64, ClientError> {
+    joined.map_err(|e| ClientError::Config(format!("a chunk upload task failed: {e}")))?
 }
 
 /// Sends one chunk, retrying what a retry can fix.

@@ -6,6 +6,7 @@ pub mod blobs;
 pub mod chunk;
 pub mod downsample;
 pub mod sqlite;
+mod writeback;
 
 use relaunch_api::{
     Ack, Batch, ChunkRef, Event, FileInfo, FileManifest, Latest, LogLine, RunFilter, RunInfo,

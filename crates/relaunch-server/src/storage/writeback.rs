@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd as _;
 
 /// Asks the kernel to start writing `file`'s dirty pages in
 /// `offset..offset + len` to disk, and returns without waiting.
-pub fn start_writeback(file: &File, offset: u64, len: u64) -> io::Result<()> {
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) -> io::Result<()> {
     let (offset, len) = (
         i64::try_from(offset).map_err(io::Error::other)?,
         i64::try_from(len).map_err(io::Error::other)?,
