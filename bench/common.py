@@ -1,6 +1,7 @@
 """What the benchmarks share: results under bench/out, child processes that
-answer one JSON line, ports, fsync, and the synthetic model state the file
-and checkpoint benchmarks save. Each `bench/*/run.py` puts `bench/` on
+answer one JSON line, ports, fsync, the synthetic model state the file
+and checkpoint benchmarks save, and result rows comparing two sample
+series (`compare`). Each `bench/*/run.py` puts `bench/` on
 `sys.path` and imports this module."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -74,3 +76,33 @@ def gpt_state_dict(total: int, d: int, generator: Any) -> tuple[dict, int]:
         for k, s in shapes.items()
     }
     return state, blocks
+
+
+def compare(
+    name: str,
+    ours: list[float],
+    theirs: list[float],
+    peer: str,
+    target: float | None,
+    *,
+    ours_over_theirs: bool = False,
+    **extra: Any,
+) -> dict:
+    """A result row from two sample series: their medians, the ratio (the
+    peer's median over ours, so above 1 is relaunch's advantage, or ours
+    over the peer's with `ours_over_theirs`, where the target is a
+    ceiling), whether it meets `target`, and the samples."""
+    a, b = statistics.median(ours), statistics.median(theirs)
+    ratio = a / b if ours_over_theirs else b / a
+    met = None if target is None else (ratio <= target if ours_over_theirs else ratio >= target)
+    return dict(
+        name=name,
+        relaunch=a,
+        peer=b,
+        peer_name=peer,
+        ratio=ratio,
+        target=target,
+        met=met,
+        samples={"relaunch": ours, peer: theirs},
+        **extra,
+    )

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ import relaunch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import fsync_path, gpt_state_dict, write_result  # noqa: E402
+from common import compare, fsync_path, gpt_state_dict, write_result  # noqa: E402
 
 MIB = 1 << 20
 # No shipping to a tracking server and no agreement: one process on its own.
@@ -107,22 +106,11 @@ class Bench:
         shutil.rmtree(d)
 
     def row(self, name: str, ours: str, theirs: str, peer: str, target: float | None) -> None:
-        a = statistics.median(self.samples[ours])
-        b = statistics.median(self.samples[theirs])
-        ratio = a / b
-        met = None if target is None else ratio <= target
-        self.rows.append(
-            dict(
-                name=name,
-                relaunch=a,
-                peer=b,
-                peer_name=peer,
-                ratio=ratio,
-                target=target,
-                met=met,
-                samples={"relaunch": self.samples[ours], peer: self.samples[theirs]},
-            )
+        row = compare(
+            name, self.samples[ours], self.samples[theirs], peer, target, ours_over_theirs=True
         )
+        self.rows.append(row)
+        a, b, ratio = row["relaunch"], row["peer"], row["ratio"]
         print(f"{name:<64} relaunch {a:.3f} s  {peer} {b:.3f} s  ratio {ratio:.2f}x", flush=True)
 
 

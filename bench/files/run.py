@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,14 @@ from relaunch._subprocess import ServerProcess
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import free_port, fsync_path, gpt_state_dict, run_json, write_result  # noqa: E402
+from common import (  # noqa: E402
+    compare,
+    free_port,
+    fsync_path,
+    gpt_state_dict,
+    run_json,
+    write_result,
+)
 
 HERE = Path(__file__).resolve().parent
 PEER_PY = HERE / ".venv" / "bin" / "python"
@@ -165,23 +171,11 @@ class Bench:
 
     def row(self, name: str, unit: str, ours: str, theirs: str, peer: str, target, **extra):
         """A row comparing the medians of two sample series (lower is better)."""
-        a = statistics.median(self.samples[ours])
-        b = statistics.median(self.samples[theirs])
-        ratio = b / a
-        met = None if target is None else ratio >= target
-        row = dict(
-            name=name,
-            unit=unit,
-            relaunch=a,
-            peer=b,
-            peer_name=peer,
-            ratio=ratio,
-            target=target,
-            met=met,
-            samples={"relaunch": self.samples[ours], peer: self.samples[theirs]},
-            **extra,
+        row = compare(
+            name, self.samples[ours], self.samples[theirs], peer, target, unit=unit, **extra
         )
         self.rows.append(row)
+        a, b, ratio = row["relaunch"], row["peer"], row["ratio"]
         print(
             f"{name:<70} relaunch {fmt(a, unit)}  {peer} {fmt(b, unit)}  ratio {ratio:5.2f}x",
             flush=True,
