@@ -23,13 +23,32 @@ round trip, without the training loop polling the network.
 
 Outside ``relaunch run`` (no store), :func:`reached` returns True at the
 first step after a signal.
+
+Children started through :mod:`multiprocessing` (DataLoader workers with any
+start method: fork, spawn, forkserver; ``persistent_workers``; pools) are
+shielded from the same signals: they start with them blocked, so a stop
+request sent to every process of the job (SLURM signals every process of a
+step; ``kill -TERM -- -PGID``; a container runtime stopping everything) does
+not kill them before their rank decides to stop. Left to themselves they
+would die of it (torch's DataLoader workers install a SIGTERM handler that
+re-raises), and the rank would fail with "DataLoader worker is killed by
+signal: Terminated" instead of saving its step. The rank's own shutdown ends
+them (the DataLoader stops its workers), and the launcher kills whatever is
+left once the rank has exited. ``Process.terminate()`` on a shielded child
+sends SIGKILL, since the child would never act on a blocked SIGTERM.
+Children started with :mod:`subprocess` are not shielded.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import math
+import multiprocessing.popen_fork
+import multiprocessing.process
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -80,6 +99,68 @@ def _handler(signum: int, frame: object) -> None:
         # A second Ctrl-C means now.
         raise KeyboardInterrupt
     _flag.set()
+
+
+# Pids of the multiprocessing children started with the stop signals blocked.
+_shielded: set[int] = set()
+
+
+def _shield_multiprocessing(signals: list[signal.Signals]) -> None:
+    """Makes multiprocessing children start with ``signals`` blocked.
+
+    A blocked signal mask survives fork and exec, so it reaches the children
+    of every start method; the rank itself keeps them unblocked.
+    """
+    base = multiprocessing.process.BaseProcess
+    if getattr(base.start, "_relaunch_shield", False):
+        return
+    original_start = base.start
+    original_terminate = multiprocessing.popen_fork.Popen.terminate
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            original_start(self)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if self.pid is not None:
+            _shielded.add(self.pid)
+
+    # Every start method's Popen derives from popen_fork's, and both
+    # Process.terminate and multiprocessing's exit handler (for daemonic
+    # children such as DataLoader workers) end in its terminate.
+    def terminate(self: multiprocessing.popen_fork.Popen) -> None:
+        if self.pid in _shielded and signal.SIGTERM in signals:
+            # SIGTERM is blocked in the child and would stay pending forever.
+            self.kill()
+        else:
+            original_terminate(self)
+
+    start._relaunch_shield = True  # type: ignore[attr-defined]
+    base.start = start  # type: ignore[method-assign]
+    multiprocessing.popen_fork.Popen.terminate = terminate  # type: ignore[method-assign]
+    # Registered after multiprocessing's own exit handler, so it runs first.
+    atexit.register(_shut_down_loaders)
+
+
+def _shut_down_loaders() -> None:
+    """Stops the workers of every live DataLoader iterator the way the
+    iterator itself does when it is deleted (a sentinel on each worker's
+    queue, then join), before multiprocessing's exit handler would
+    terminate them: a rank that stops mid-epoch exits with its workers
+    ended cleanly, not killed."""
+    torch_loader = sys.modules.get("torch.utils.data.dataloader")
+    if torch_loader is None or not _shielded:
+        return
+    iterator = getattr(torch_loader, "_MultiProcessingDataLoaderIter", None)
+    if iterator is None:
+        return
+    for obj in gc.get_objects():
+        if issubclass(type(obj), iterator):
+            try:
+                obj._shutdown_workers()
+            except Exception:  # multiprocessing's exit handler ends the rest
+                pass
 
 
 def _store_address() -> tuple[str, int, str] | None:
@@ -140,8 +221,10 @@ def install() -> None:
                 stacklevel=2,
             )
             return
-        for sig in _signals():
+        signals = _signals()
+        for sig in signals:
             signal.signal(sig, _handler)
+        _shield_multiprocessing(signals)
         _state["installed"] = True
     if _store_address() is not None:
         threading.Thread(target=_watch, name="relaunch-preemption", daemon=True).start()
