@@ -6,13 +6,38 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
+import time
 from typing import Any, NamedTuple
 
 from relaunch.errors import CheckpointError
 
 # Environment the launchers set (crates/relaunch-launch/src/env.rs).
 ENV_STORE = "RELAUNCH_STORE"
+ENV_RUN_ID = "RELAUNCH_RUN_ID"
+
+# Set by `relaunch run` as soon as a worker of the current attempt fails, before
+# it stops the others: text naming the rank and how it ended (raw key; the
+# launcher deletes worker keys between attempts).
+FAILED_KEY = "relaunch/{run_id}/workers/failed"
+
+# How often a wait for other ranks wakes to look at FAILED_KEY: a rank waiting
+# for one that died gives up within this, not after `timeout`.
+PEER_CHECK_INTERVAL = 0.5
+
+
+def failed_key() -> str | None:
+    """The key `relaunch run` sets when a worker fails, or None outside it."""
+    run_id = os.environ.get(ENV_RUN_ID, "").strip()
+    return FAILED_KEY.format(run_id=run_id) if run_id else None
+
+
+def _stop_requested() -> bool:
+    """Whether this process was asked to stop, without importing relaunch.preemption
+    (importing it installs signal handlers)."""
+    preemption = sys.modules.get("relaunch.preemption")
+    return preemption is not None and bool(preemption.requested())
 
 
 # --- agreement through the store -----------------------------------------------
@@ -36,14 +61,30 @@ class Coordinator:
     ``report/RANK`` (files hashed by each rank) and ``commit`` (rank 0: ``ok``
     or why not). The rank that decides round n deletes round n-1's keys:
     every rank has finished with them once it votes in round n.
+
+    Every wait for other ranks wakes each ``PEER_CHECK_INTERVAL`` seconds to
+    check ``failed_key`` (set by the launcher when a worker of the attempt
+    fails) and raises :class:`CheckpointError` with its text once it is set,
+    rather than wait ``timeout`` for a rank that will never come. A stop
+    request (``relaunch.preemption``) changes nothing: the ranks still save
+    together, unless one is dead.
     """
 
-    def __init__(self, store: Any, prefix: str, rank: int, world: int, timeout: float):
+    def __init__(
+        self,
+        store: Any,
+        prefix: str,
+        rank: int,
+        world: int,
+        timeout: float,
+        failed_key: str | None = None,
+    ):
         self.store = store
         self.prefix = prefix
         self.rank = rank
         self.world = world
         self.timeout = timeout
+        self.failed_key = failed_key
         self.lock = threading.Lock()
         self.round = 0
         self._previous: list[str] = []
@@ -51,9 +92,37 @@ class Coordinator:
     def key(self, n: int, name: str) -> str:
         return f"{self.prefix}{n}/{name}"
 
+    def _wait_keys(self, n: int, keys: list[str], what: str) -> None:
+        """``store.wait(keys, timeout)``, giving up early if a rank of the attempt failed.
+
+        Raises TimeoutError after ``timeout`` as ``store.wait`` does, and
+        CheckpointError as soon as ``failed_key`` is set."""
+        if self.failed_key is None:
+            self.store.wait(keys, self.timeout)
+            return
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                self.store.wait(keys, max(min(PEER_CHECK_INTERVAL, left), 0.001))
+                return
+            except TimeoutError:
+                if self.store.check([self.failed_key]):
+                    self._raise_peer_failed(n, what)
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _raise_peer_failed(self, n: int, what: str) -> None:
+        failure = self.store.get(self.failed_key).decode(errors="replace").strip()
+        stopping = " (this rank was asked to stop)" if _stop_requested() else ""
+        raise CheckpointError(
+            f"checkpoint round {n}: stopped waiting for {what}{stopping}: "
+            f"{failure or 'a rank failed'}"
+        )
+
     def _wait(self, n: int, key: str, what: str, arrived_key: str | None = None) -> bytes:
         try:
-            self.store.wait([key], self.timeout)
+            self._wait_keys(n, [key], what)
         except TimeoutError:
             missing = ""
             if arrived_key is not None:
@@ -146,7 +215,7 @@ class Coordinator:
     def reports(self, n: int) -> list[dict[str, Any]]:
         keys = [self.key(n, f"report/{r}") for r in range(1, self.world)]
         try:
-            self.store.wait(keys, self.timeout)
+            self._wait_keys(n, keys, "the file reports of the other ranks")
         except TimeoutError:
             absent = [r for r, k in enumerate(keys, 1) if not self.store.check([k])]
             raise CheckpointError(

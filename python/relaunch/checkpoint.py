@@ -67,7 +67,13 @@ from pathlib import Path
 from typing import Any
 
 from relaunch import _native
-from relaunch._checkpoint_agree import ENV_STORE, Coordinator, Decision, connect_store
+from relaunch._checkpoint_agree import (
+    ENV_STORE,
+    Coordinator,
+    Decision,
+    connect_store,
+    failed_key,
+)
 from relaunch._checkpoint_files import (
     FORMAT,
     MANIFEST,
@@ -354,6 +360,9 @@ class Checkpointer:
       call to ``save`` wants to save); ``force=True`` wants to save anyway.
     - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
     - ``timeout``: seconds to wait for the other ranks at each stage of a save.
+      Under ``relaunch run`` a rank stops waiting within a second of another
+      rank's failure (the launcher's ``relaunch/RUN/workers/failed`` key) and
+      raises :class:`CheckpointError` naming it.
     - ``ship``: upload each committed checkpoint to the tracking server in the
       background (``relaunch ckpt pull`` brings it back); by default when
       running under ``relaunch run --server`` (``RELAUNCH_SERVER`` and
@@ -861,7 +870,7 @@ class Checkpointer:
                     raise CheckpointError("no store to agree through (RELAUNCH_STORE is unset)")
                 store = connected[0]
             self._coordinator = Coordinator(
-                store, self._key_prefix, self.rank, self.world_size, self.timeout
+                store, self._key_prefix, self.rank, self.world_size, self.timeout, failed_key()
             )
         return self._coordinator
 

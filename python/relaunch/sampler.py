@@ -10,9 +10,12 @@ without shuffling), exactly as ``DistributedSampler`` draws it. *Progress*
 ``p`` means that the prefix ``order[:p]`` has been consumed by the ranks
 together. An iteration deals the rest, ``order[p:]``, round-robin to the
 current ranks: rank ``r`` of ``W`` gets ``rest[r], rest[r + W], ...``; without
-``drop_last`` the rest is padded by repeating it from its start until it
-divides evenly, with ``drop_last`` its tail is cut instead. From ``p = 0``
-that is ``DistributedSampler``'s split, index for index.
+``drop_last`` the rest is padded until it divides evenly by continuing the
+order from its start (``order[0], order[1], ...``, as ``DistributedSampler``
+pads), with ``drop_last`` its tail is cut instead. From ``p = 0`` that is
+``DistributedSampler``'s split, index for index, and a resume with the same
+world size yields on every rank what an uninterrupted run yields, padding
+included.
 
 Ranks consume in lockstep (each rank has taken ``k`` samples at a
 synchronized step), so at any such step the consumed samples are exactly the
@@ -378,14 +381,15 @@ class InterruptibleSampler(DistributedSampler[int]):
         return pass_
 
     def _indices(self, base: int, share: int) -> list[int]:
-        rest = self._dataset_len - base
         if share == 0:
             return []
-        # Position j of this rank is rest[(rank + j * W) % len(rest)]: the
-        # round-robin deal, with the wrap-around doing DistributedSampler's
-        # padding (drop_last shares never reach it).
+        # Position j of this rank is order[(base + rank + j * W) % len(order)]:
+        # the round-robin deal of the rest, continued past the end of the
+        # order from its start. That wrap-around is DistributedSampler's
+        # padding, so a resumed epoch pads with the same samples as an
+        # uninterrupted one (drop_last shares never reach it).
         steps = torch.arange(share, dtype=torch.int64) * self._num_replicas
-        positions = (steps + self._rank) % rest + base
+        positions = (steps + base + self._rank) % self._dataset_len
         if not self._shuffle:
             return positions.tolist()
         generator = torch.Generator()

@@ -633,3 +633,91 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match='verify must be "sizes" or "full"'):
         ckpt.latest(verify="hash")
     assert ckpt.committed_steps() == [5]
+
+
+# --- a rank that died ----------------------------------------------------------------
+
+FAILURE = "rank {dead} (node 0, local rank {dead}) exited with exit code 1"
+
+
+@pytest.mark.parametrize("preempted", [False, True], ids=["running", "stop-requested"])
+@pytest.mark.parametrize("stage", ["vote", "leave", "reports", "commit"])
+def test_a_rank_waiting_for_a_dead_one_raises_once_the_launcher_marks_the_failure(
+    tmp_path: Path,
+    store: StoreProcess,
+    monkeypatch: pytest.MonkeyPatch,
+    stage: str,
+    preempted: bool,
+) -> None:
+    """With timeout=600, a rank whose peer died in step 1 (at `stage`) raises within
+    seconds of the launcher's `relaunch/RUN/workers/failed` key, naming the rank."""
+    monkeypatch.setenv("RELAUNCH_RUN_ID", "job-dead-peer")
+    if preempted:
+        # A stop request alone changes nothing: step 0 still commits on both.
+        monkeypatch.setitem(sys.modules, "relaunch.preemption", type(sys)("fake_preemption"))
+        sys.modules["relaunch.preemption"].requested = lambda: True  # type: ignore[attr-defined]
+
+    def connect() -> relaunch.Store:
+        return relaunch.Store("127.0.0.1", store.port, timeout=30, prefix="")
+
+    ckpts = [
+        Checkpointer(tmp_path, store=connect(), rank=r, world_size=2, timeout=600, keep_last=None)
+        for r in range(2)
+    ]
+    # Rank 0 waits for rank 1 in every stage but the last, where rank 1
+    # waits for rank 0's commit.
+    waiting, dead = (1, 0) if stage == "commit" else (0, 1)
+    errors: dict[int, BaseException] = {}
+
+    def save(rank: int, step: int) -> None:
+        try:
+            with ckpts[rank].save(step) as path:
+                assert path is not None
+                (path / f"rank{rank}.bin").write_bytes(b"x" * 100)
+        except BaseException as e:
+            errors[rank] = e
+
+    def dies_after_getting_to(rank: int) -> None:
+        """What `dead` did of step 1 before it died."""
+        coordinator = ckpts[rank]._coordinator_()
+        if stage == "vote":
+            return
+        coordinator.vote(1, True, False, "sync_any", ckpts[rank]._session)
+        if stage in ("reports", "commit"):
+            coordinator.leave_block(1, None)
+
+    step0 = [threading.Thread(target=save, args=(r, 0)) for r in range(2)]
+    for thread in step0:
+        thread.start()
+    for thread in step0:
+        thread.join(30)
+    assert not errors, errors
+    assert Checkpointer(tmp_path).committed_steps() == [0]
+
+    prefix = ckpts[0]._key_prefix
+    control = connect()
+    waiter = threading.Thread(target=save, args=(waiting, 1), daemon=True)
+    corpse = threading.Thread(target=dies_after_getting_to, args=(dead,), daemon=True)
+    waiter.start()
+    corpse.start()
+    corpse.join(30)
+    assert not corpse.is_alive()
+    blocked_on = {
+        "vote": f"{prefix}1/ballots",
+        "leave": f"{prefix}1/writers",
+        "reports": f"{prefix}1/outcome",
+        "commit": f"{prefix}1/report/1",
+    }[stage]
+    wait_for(lambda: control.check([blocked_on]), 30, f"rank {waiting} to reach {stage}")
+    assert waiter.is_alive() and not errors
+
+    failed_at = time.monotonic()
+    control.set("relaunch/job-dead-peer/workers/failed", FAILURE.format(dead=dead))
+    waiter.join(10)
+    assert not waiter.is_alive(), "the waiting rank did not notice the failed peer"
+    assert time.monotonic() - failed_at < 5
+    error = errors[waiting]
+    assert isinstance(error, CheckpointError), error
+    assert FAILURE.format(dead=dead) in str(error)
+    assert ("asked to stop" in str(error)) == preempted
+    assert Checkpointer(tmp_path).committed_steps() == [0]

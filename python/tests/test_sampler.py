@@ -131,6 +131,85 @@ def test_interrupted_epoch_with_changing_world_size_visits_each_sample_once_in_o
         assert sorted(consumed) == list(range(n))
 
 
+# (2b) Resumed with the same world size: the same indices as uninterrupted, on
+# every rank, padding included.
+
+
+def resume_after(
+    n: int, world: int, steps: int, relaunch_world: int | None = None, **kwargs
+) -> list[list[int]]:
+    """Each rank's indices for one epoch: `steps` from an uninterrupted sampler,
+    then the rest from samplers of `relaunch_world` ranks that loaded its state."""
+    ranks = samplers(n, world, **kwargs)
+    for sampler in ranks:
+        sampler.set_epoch(3)
+    iterators = [iter(sampler) for sampler in ranks]
+    before = [[next(it) for _ in range(steps)] for it in iterators]
+    resumed = samplers(n, relaunch_world or world, agreed_state(ranks), **kwargs)
+    after = [list(sampler) for sampler in resumed]
+    if relaunch_world is None:
+        return [head + tail for head, tail in zip(before, after, strict=True)]
+    return after
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_resume_with_the_same_world_size_yields_what_an_uninterrupted_run_yields(
+    world: int, drop_last: bool, shuffle: bool
+) -> None:
+    # Every remainder modulo the world size, small lengths (padding longer
+    # than the dataset) and a large one; every resume point, including each
+    # step inside the padded tail and the end.
+    lengths = [*range(1, 3 * world + 2), 6145]
+    for n in lengths:
+        theirs = []
+        for rank in range(world):
+            sampler = DistributedSampler(Indices(n), world, rank, shuffle, 11, drop_last)
+            sampler.set_epoch(3)
+            theirs.append(list(sampler))
+        share = len(theirs[0])
+        points = range(share + 1) if share < 40 else (0, 1, share // 2, share - 2, share - 1, share)
+        for steps in points:
+            ours = resume_after(n, world, steps, shuffle=shuffle, seed=11, drop_last=drop_last)
+            assert ours == theirs, (n, world, steps)
+
+
+def test_resume_of_6145_samples_on_two_ranks_pads_like_an_uninterrupted_dataloader() -> None:
+    # The reported case: rank 1's batch differed at the first padded step.
+    n, batch = 6145, 32
+    whole = take([iter(loader) for loader in loaders(samplers(n, 2, seed=7), 0, False)], None)
+    for stopped in (1, 50, 95, 96):
+        ranks = samplers(n, 2, seed=7)
+        its = [iter(loader) for loader in loaders(ranks, 2, False, batch_size=batch)]
+        head = take(its, stopped)
+        del its
+        resumed = samplers(n, 2, agreed_state(ranks), seed=7)
+        tail = take([iter(loader) for loader in loaders(resumed, 0, False)], None)
+        assert [h + t for h, t in zip(head, tail, strict=True)] == whole, stopped
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize(("world", "relaunch_world"), [(2, 3), (3, 2), (4, 8), (8, 3), (2, 1)])
+def test_resume_with_another_world_size_deals_the_rest_and_pads_from_the_epoch_start(
+    world: int, relaunch_world: int, shuffle: bool
+) -> None:
+    # The global order continues cyclically past its end, as DistributedSampler
+    # pads: order[p:], then order[0], order[1], ...
+    for n in range(1, 3 * max(world, relaunch_world) + 2):
+        order = epoch_order(n, 3, 11, shuffle)
+        share = -(-n // world)
+        for steps in range(share):
+            after = resume_after(n, world, steps, relaunch_world, shuffle=shuffle, seed=11)
+            progress = steps * world
+            dealt = interleave(after)
+            assert len(dealt) == -(-(n - progress) // relaunch_world) * relaunch_world
+            assert dealt == [order[i % n] for i in range(progress, progress + len(dealt))], (
+                n,
+                steps,
+            )
+
+
 def test_progress_of_a_finished_epoch_leaves_nothing_for_a_relaunch() -> None:
     (sampler,) = samplers(10, 1, seed=1)
     assert len(list(sampler)) == 10

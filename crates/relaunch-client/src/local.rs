@@ -6,7 +6,14 @@
 //! ```text
 //! DIR/RUN_ID/WRITER/writer.json   the run to open and the attempt token
 //! DIR/RUN_ID/WRITER/seg-*.spool   the spool (see `spool`)
+//! DIR/RUN_ID/.WRITER.creating/    a writer being created (renamed to WRITER)
 //! ```
+//!
+//! A writer's directory gets its name only once its spool's lock is held
+//! (`create_writer`), so a process looking for spools that dead processes
+//! left (`Run::start`, `relaunch sync`) can never lock, ship or remove a
+//! live writer's spool: whatever it can lock under a writer's name has no
+//! live writer.
 
 use std::fs;
 use std::io::Write as _;
@@ -17,12 +24,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ClientError;
 use crate::http::check_run_id;
+use crate::spool::{Spool, SpoolLock};
 
 /// The directory used when neither an argument nor `RELAUNCH_DIR` names one.
 pub const DEFAULT_DIR: &str = "relaunch-runs";
 /// The environment variable naming the client's directory.
 pub const DIR_ENV: &str = "RELAUNCH_DIR";
 const WRITER_FILE: &str = "writer.json";
+/// Ends the temporary name of a writer's directory while it is created.
+const CREATING_SUFFIX: &str = ".creating";
 const FORMAT: u32 = 1;
 
 /// What a writer's spool belongs to.
@@ -51,15 +61,19 @@ pub fn run_dir(dir: &Path, run_id: &str) -> Result<PathBuf, ClientError> {
     Ok(dir.join(run_id))
 }
 
-/// Writes `DIR/RUN_ID/WRITER/writer.json` (atomically) and returns the
-/// writer's directory.
-pub fn create_writer(dir: &Path, info: &WriterInfo) -> Result<PathBuf, ClientError> {
+/// Creates `DIR/RUN_ID/WRITER/` with its `writer.json` and returns it with
+/// its spool's lock, held from before the directory had that name: it is
+/// built as `.WRITER.creating`, locked, given `writer.json`, then renamed.
+pub fn create_writer(dir: &Path, info: &WriterInfo) -> Result<(PathBuf, SpoolLock), ClientError> {
     check_writer_id(&info.writer)?;
-    let writer_dir = run_dir(dir, info.run_id())?.join(&info.writer);
-    fs::create_dir_all(&writer_dir)
-        .map_err(ClientError::io("create the spool directory", &writer_dir))?;
-    let path = writer_dir.join(WRITER_FILE);
-    let temp = writer_dir.join("writer.json.tmp");
+    let run_dir = run_dir(dir, info.run_id())?;
+    let writer_dir = run_dir.join(&info.writer);
+    let creating = run_dir.join(format!(".{}{CREATING_SUFFIX}", info.writer));
+    fs::create_dir_all(&creating)
+        .map_err(ClientError::io("create the spool directory", &creating))?;
+    let lock = Spool::lock(&creating)?;
+    let path = creating.join(WRITER_FILE);
+    let temp = creating.join("writer.json.tmp");
     let json = serde_json::to_vec_pretty(info)
         .map_err(|e| ClientError::Config(format!("the run's settings are not JSON: {e}")))?;
     let mut file = fs::File::create(&temp).map_err(ClientError::io("create", &temp))?;
@@ -67,7 +81,18 @@ pub fn create_writer(dir: &Path, info: &WriterInfo) -> Result<PathBuf, ClientErr
         .and_then(|()| file.sync_all())
         .map_err(ClientError::io("write", &temp))?;
     fs::rename(&temp, &path).map_err(ClientError::io("rename into place", &path))?;
-    Ok(writer_dir)
+    fs::rename(&creating, &writer_dir)
+        .map_err(ClientError::io("rename into place", &writer_dir))?;
+    fs::File::open(&run_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(ClientError::io("sync", &run_dir))?;
+    Ok((writer_dir, lock))
+}
+
+/// Whether `path` holds a writer's `writer.json` (complete: it is renamed
+/// into place whole).
+pub fn is_writer_dir(path: &Path) -> bool {
+    path.join(WRITER_FILE).is_file()
 }
 
 pub fn read_writer(writer_dir: &Path) -> Result<WriterInfo, ClientError> {
@@ -176,7 +201,9 @@ pub fn link_inside(writer_dir: &Path) -> Result<Option<PathBuf>, ClientError> {
 }
 
 /// Removes a writer's directory once everything in it is on the server,
-/// and its run's directory when that was the last writer.
+/// and its run's directory when that was the last writer. The caller holds
+/// the directory's spool open (its lock) until this returns, so no other
+/// process has it.
 pub fn remove_writer(writer_dir: &Path) -> Result<(), ClientError> {
     fs::remove_dir_all(writer_dir).map_err(ClientError::io("remove", writer_dir))?;
     if let Some(run_dir) = writer_dir.parent() {
@@ -209,8 +236,8 @@ mod tests {
     fn writers_are_found_and_symlinks_reported_not_followed() {
         let root = std::env::temp_dir().join(format!("relaunch-local-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        let a = create_writer(&root, &info("run1", "w1")).unwrap();
-        let b = create_writer(&root, &info("run2", "w2")).unwrap();
+        let a = create_writer(&root, &info("run1", "w1")).unwrap().0;
+        let b = create_writer(&root, &info("run2", "w2")).unwrap().0;
         let outside = std::env::temp_dir().join(format!("relaunch-outside-{}", std::process::id()));
         create_writer(&outside, &info("run3", "w3")).unwrap();
         std::os::unix::fs::symlink(outside.join("run3"), root.join("run3")).unwrap();
@@ -236,7 +263,7 @@ mod tests {
     fn a_spool_holding_a_symlink_is_reported_not_opened() {
         let root = std::env::temp_dir().join(format!("relaunch-local-link-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        let w = create_writer(&root, &info("r", "w")).unwrap();
+        let w = create_writer(&root, &info("r", "w")).unwrap().0;
         let victim = root.join("victim");
         fs::write(&victim, b"precious").unwrap();
         std::os::unix::fs::symlink(&victim, w.join("acked.tmp")).unwrap();
@@ -251,7 +278,7 @@ mod tests {
     #[test]
     fn a_corrupt_writer_file_says_what_to_do() {
         let root = std::env::temp_dir().join(format!("relaunch-local-bad-{}", std::process::id()));
-        let w = create_writer(&root, &info("r", "w")).unwrap();
+        let w = create_writer(&root, &info("r", "w")).unwrap().0;
         fs::write(w.join(WRITER_FILE), b"{not json").unwrap();
         let err = read_writer(&w).unwrap_err().to_string();
         assert!(err.contains("not a relaunch writer file"), "{err}");

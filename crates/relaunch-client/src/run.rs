@@ -206,13 +206,17 @@ impl Run {
             created,
             pid: std::process::id(),
         };
-        let writer_dir = local::create_writer(&dir, &info)?;
+        let (writer_dir, lock) = local::create_writer(&dir, &info)?;
         let spool_options = SpoolOptions {
             segment_bytes: options
                 .segment_bytes
                 .unwrap_or(SpoolOptions::default().segment_bytes),
         };
-        let spool = Arc::new(Mutex::new(Spool::open(&writer_dir, spool_options)?));
+        let spool = Arc::new(Mutex::new(Spool::open_locked(
+            &writer_dir,
+            lock,
+            spool_options,
+        )?));
         let shipper = match &server {
             Some(server) => {
                 let client = Client::new(server, token.as_deref())?;
@@ -490,9 +494,12 @@ impl Run {
         let mut shipper = self.shipper.lock();
         if let Some(shipper) = shipper.take() {
             self.stop_shipper(shipper);
-            // Everything is acknowledged; the spool has done its job.
-            self.spool.lock().close()?;
+            // Everything is acknowledged; the spool has done its job. It is
+            // removed while its lock is held, so no adopter has it.
+            let mut spool = self.spool.lock();
+            spool.sync()?;
             local::remove_writer(&self.writer_dir)?;
+            spool.close()?;
         } else if self.server.is_none() {
             // Offline, the spool is the record: let `relaunch sync` open it.
             self.spool.lock().close()?;
@@ -566,6 +573,12 @@ impl Drop for Run {
 
 /// The spools of earlier processes of run `id` in `dir` that no live
 /// process holds: shipped by this one. Empty ones are removed.
+///
+/// Never touches a live writer's spool: a writer's directory gets its name
+/// (and, as `.WRITER.creating`, its `writer.json`) only while its creator
+/// holds its lock (`local::create_writer`), the lock is taken without
+/// waiting and whatever is held is skipped, and a directory is removed only
+/// while this process holds its lock.
 fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<Outbox> {
     let Ok(run_dir) = local::run_dir(dir, id) else {
         return Vec::new();
@@ -577,7 +590,8 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
     for entry in entries.flatten() {
         let path = entry.path();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if !is_dir || entry.file_name() == own {
+        // No writer.json: not a spool (`.uploads`), or one still being created.
+        if !is_dir || entry.file_name() == own || !local::is_writer_dir(&path) {
             continue;
         }
         match local::link_inside(&path) {
@@ -586,6 +600,8 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
                 tracing::warn!(link = %link.display(), "skipping a spool that holds a symbolic link");
                 continue;
             }
+            // Removed meanwhile by another process that shipped it.
+            Err(_) if !path.exists() => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a spool that cannot be read");
                 continue;
@@ -594,25 +610,27 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
         let info = match local::read_writer(&path) {
             Ok(info) if info.run_id() == id => info,
             Ok(_) => continue,
+            Err(_) if !path.exists() => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a spool that cannot be read");
                 continue;
             }
         };
-        let spool = match Spool::open(&path, options) {
+        let spool = match Spool::open_existing(&path, options) {
             Ok(spool) => spool,
-            // A live process ships it.
-            Err(SpoolError::Busy { .. }) => continue,
+            // A live process writes or ships it, or another one shipped it.
+            Err(SpoolError::Busy { .. } | SpoolError::Gone { .. }) => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a spool that cannot be opened");
                 continue;
             }
         };
         if spool.pending() == 0 {
-            drop(spool);
+            // Removed while locked; the lock goes with `spool` after.
             if let Err(e) = local::remove_writer(&path) {
                 tracing::warn!(error = %e, "cannot remove an empty spool");
             }
+            drop(spool);
             continue;
         }
         tracing::info!(dir = %path.display(), pending = spool.pending(), "shipping a spool left by an earlier process");

@@ -84,6 +84,12 @@ pub enum SpoolError {
     /// The spool was closed; nothing more can be appended.
     #[error("spool {dir} is closed")]
     Closed { dir: PathBuf },
+    /// The directory, or its lock file, was removed by the process that held
+    /// the lock before this one took it: there is nothing left to open.
+    #[error(
+        "spool {dir} was removed by another process while this one opened it; nothing of it is left to ship"
+    )]
+    Gone { dir: PathBuf },
 }
 
 impl SpoolError {
@@ -186,6 +192,12 @@ struct ReadCursor {
     offset: usize,
 }
 
+/// The exclusive flock on a spool directory's `lock` file, taken before the
+/// spool is opened: [`Spool::lock`] then [`Spool::open_locked`] let a
+/// writer hold it from before its directory gets the name others look for.
+#[derive(Debug)]
+pub struct SpoolLock(Flock<File>);
+
 /// A single-writer, crash-safe, append-only record log in one directory.
 #[derive(Debug)]
 pub struct Spool {
@@ -216,7 +228,33 @@ impl Spool {
     /// after the highest valid or acknowledged seq, in a fresh segment.
     pub fn open(dir: &Path, options: SpoolOptions) -> Result<Spool, SpoolError> {
         fs::create_dir_all(dir).map_err(SpoolError::io("create spool directory", dir))?;
-        let lock = lock_dir(dir)?;
+        Self::open_locked(dir, Self::lock(dir)?, options)
+    }
+
+    /// Opens a spool that another process left, without ever creating its
+    /// directory: [`SpoolError::Busy`] while a live process holds it,
+    /// [`SpoolError::Gone`] once the directory was removed.
+    pub fn open_existing(dir: &Path, options: SpoolOptions) -> Result<Spool, SpoolError> {
+        Self::open_locked(dir, Self::lock(dir)?, options)
+    }
+
+    /// Takes the exclusive flock on `dir/lock` (created if missing) without
+    /// waiting: [`SpoolError::Busy`] if any other handle holds it, even in
+    /// this process. A lock taken on a file that is no longer `dir/lock`
+    /// (its holder removed the directory meanwhile) guards nothing:
+    /// [`SpoolError::Gone`].
+    pub fn lock(dir: &Path) -> Result<SpoolLock, SpoolError> {
+        lock_dir(dir).map(SpoolLock)
+    }
+
+    /// [`Spool::open`] with the lock already held (see [`Spool::lock`]);
+    /// `dir` must be where the lock's directory is now.
+    pub fn open_locked(
+        dir: &Path,
+        lock: SpoolLock,
+        options: SpoolOptions,
+    ) -> Result<Spool, SpoolError> {
+        let lock = lock.0;
         let acked = read_acked(dir)?;
         let mut sealed = Vec::new();
         let mut last_seq = acked;
@@ -611,24 +649,46 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>, SpoolError> {
 /// file description per call means a second open in the same process is
 /// refused too.
 fn lock_dir(dir: &Path) -> Result<Flock<File>, SpoolError> {
+    use std::os::unix::fs::MetadataExt as _;
+
+    let gone = || SpoolError::Gone {
+        dir: dir.to_path_buf(),
+    };
     let path = dir.join(LOCK_FILE);
-    let file = OpenOptions::new()
+    let file = match OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(SpoolError::io("open lock file", &path))?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(lock),
-        Err((_, Errno::EWOULDBLOCK)) => Err(SpoolError::Busy {
-            dir: dir.to_path_buf(),
-        }),
-        Err((_, errno)) => Err(SpoolError::Io {
-            op: "lock",
-            path,
-            source: errno.into(),
-        }),
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(gone()),
+        Err(e) => return Err(SpoolError::io("open lock file", &path)(e)),
+    };
+    let lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, Errno::EWOULDBLOCK)) => {
+            return Err(SpoolError::Busy {
+                dir: dir.to_path_buf(),
+            });
+        }
+        Err((_, errno)) => {
+            return Err(SpoolError::Io {
+                op: "lock",
+                path,
+                source: errno.into(),
+            });
+        }
+    };
+    // The previous holder may have removed the directory between our open and
+    // our flock; then the file we locked is no longer `dir/lock`.
+    let locked = lock.metadata().map_err(SpoolError::io("read", &path))?;
+    match fs::symlink_metadata(&path) {
+        Ok(now) if now.dev() == locked.dev() && now.ino() == locked.ino() => Ok(lock),
+        Ok(_) => Err(gone()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(gone()),
+        Err(e) => Err(SpoolError::io("read", &path)(e)),
     }
 }
 

@@ -400,3 +400,64 @@ fn bad_arguments_are_refused_before_anything_is_written() {
     drop(run);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Regression: `Run::start` in one rank adopted orphans while a sibling rank
+/// was creating its spool, and locked or removed the sibling's fresh
+/// directory ("cannot create segment ... No such file", "already open by
+/// another writer"), losing its points. Many ranks of one run start at once,
+/// some finishing (and removing their spools) while others still start;
+/// every point must arrive exactly once. Bounded: 12 rounds or 60 s.
+#[test]
+fn ranks_of_one_run_starting_at_once_never_take_each_others_spools() {
+    const RANKS: u32 = 12;
+    const STEPS: i64 = 40;
+    let server = TestServer::start(loopback(), None, 64 << 20);
+    let dir = temp_dir("siblings");
+    let started = Instant::now();
+    let mut rounds = 0;
+    while rounds < 12 && started.elapsed() < Duration::from_secs(60) {
+        let id = format!("siblings-{rounds}");
+        let token = format!("attempt-{rounds}");
+        let barrier = Arc::new(std::sync::Barrier::new(RANKS as usize));
+        let ranks: Vec<_> = (0..RANKS)
+            .map(|rank| {
+                let options = RunOptions {
+                    rank: Some(rank),
+                    attempt_token: Some(token.clone()),
+                    ..options(&dir, Some(server.url()), &id)
+                };
+                let barrier = barrier.clone();
+                std::thread::spawn(move || -> Result<(), String> {
+                    barrier.wait();
+                    let run = Run::start(options).map_err(|e| format!("start: {e}"))?;
+                    log_steps(&run, 0..STEPS);
+                    run.finish(Some(Duration::from_secs(30)), None)
+                        .map_err(|e| format!("finish: {e}"))
+                })
+            })
+            .collect();
+        let errors: Vec<String> = ranks
+            .into_iter()
+            .enumerate()
+            .filter_map(|(rank, thread)| match thread.join().unwrap() {
+                Ok(()) => None,
+                Err(e) => Some(format!("rank {rank}: {e}")),
+            })
+            .collect();
+        assert!(errors.is_empty(), "round {rounds}: {errors:#?}");
+        for rank in 0..RANKS {
+            assert_eq!(
+                server.total(&id, "loss", rank),
+                STEPS as u64,
+                "round {rounds}, rank {rank}"
+            );
+        }
+        assert!(
+            !dir.join(&id).exists(),
+            "round {rounds}: every finished rank removed its spool"
+        );
+        rounds += 1;
+    }
+    assert!(rounds >= 3, "only {rounds} rounds ran in 60 s");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
