@@ -2,8 +2,8 @@
 //! hash (rsync's lesson: never send what the other side has).
 //!
 //! An upload: the client cuts the file into chunks ([`Chunks`]: FastCDC
-//! with [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`], and a cut before each
-//! zip entry, so each tensor of a `torch.save` file is its own chunk), asks `POST /chunks/missing` which chunks
+//! with [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`], and cuts before zip
+//! entries, so each large tensor of a `torch.save` file has chunks of its own), asks `POST /chunks/missing` which chunks
 //! the server lacks, `PUT /chunks/{hash}`s those (the server checks each
 //! hash), then commits the file's [`FileManifest`] with `POST
 //! /runs/{id}/files`; the file is visible only once that commit is. An
@@ -69,8 +69,8 @@ pub struct MissingChunks {
 /// of stored (uncompressed) entries, one per tensor storage, each starting
 /// with it.
 pub const ZIP_ENTRY: &[u8; 4] = b"PK\x03\x04";
-/// A chunk ends before a [`ZIP_ENTRY`] that starts at least this far into
-/// it (so a run of tiny entries still makes chunks of some size).
+/// A chunk ends before a [`ZIP_ENTRY`] whose entry's size is unknown (see
+/// [`crate::zip_cuts`]) only at least this far into it.
 pub const ENTRY_CUT_MIN: usize = 512;
 
 /// One chunk as [`Chunks`] cuts it.
@@ -84,13 +84,16 @@ pub struct Piece {
 /// The protocol's chunks of what a reader holds, in order. A chunk ends at
 /// the first of: FastCDC's cut ([`CHUNK_MIN`], [`CHUNK_AVG`],
 /// [`CHUNK_MAX`], normalization level 1), or the start of a zip entry
-/// ([`ZIP_ENTRY`]) at least [`ENTRY_CUT_MIN`] bytes in. FastCDC alone would
-/// put a small tensor that changed in the same ~1 MiB chunk as its
-/// neighbours; cutting at entries keeps each tensor of a `torch.save` file
-/// in chunks of its own, so a checkpoint where scattered small tensors
-/// changed sends about those tensors, not a megabyte for each. The cut
-/// depends only on the bytes: the same content gives the same chunks
-/// wherever it sits, which is what makes successive uploads share them.
+/// ([`ZIP_ENTRY`]) that is large, or small once the chunk holds
+/// [`ENTRY_GROUP`](crate::zip_cuts::ENTRY_GROUP) bytes
+/// ([`crate::zip_cuts::entry_cut`]). FastCDC alone would put a small
+/// tensor that changed in the same ~1 MiB chunk as its neighbours; cutting
+/// at entries keeps each large tensor of a `torch.save` file in chunks of
+/// its own and groups runs of small ones (Adam's `step` scalars) in chunks
+/// of about 32 KiB, so a checkpoint where scattered tensors changed sends
+/// about those tensors, not a megabyte for each. The cut depends only on
+/// the bytes: the same content gives the same chunks wherever it sits,
+/// which is what makes successive uploads share them.
 ///
 /// Chunks are slices of one read buffer (no copy per chunk).
 #[derive(Debug)]
@@ -117,11 +120,12 @@ impl<R: std::io::Read> Chunks<R> {
         }
     }
 
-    /// Makes the block hold a whole largest chunk and the bytes of a
-    /// [`ZIP_ENTRY`] after it, or all that is left: the rest of the old
-    /// block and [`READ_SIZE`] more bytes in a new one.
+    /// Makes the block hold a whole largest chunk and the
+    /// [`LOOKAHEAD`](crate::zip_cuts::LOOKAHEAD) bytes that decide an entry
+    /// cut after it, or all that is left: the rest of the old block and
+    /// [`READ_SIZE`] more bytes in a new one.
     fn fill(&mut self) -> std::io::Result<()> {
-        if self.eof || self.block.len() >= CHUNK_MAX + ZIP_ENTRY.len() {
+        if self.eof || self.block.len() >= CHUNK_MAX + crate::zip_cuts::LOOKAHEAD {
             return Ok(());
         }
         let want = self.block.len() + READ_SIZE;
@@ -144,7 +148,7 @@ impl<R: std::io::Read> Chunks<R> {
     }
 
     /// Where the chunk at the start of the block ends: FastCDC's cut, or
-    /// the first zip entry before it at least [`ENTRY_CUT_MIN`] bytes in.
+    /// a zip entry before it ([`crate::zip_cuts::entry_cut`]).
     fn cut_point(&self) -> usize {
         let window = &self.block[..self.block.len().min(CHUNK_MAX)];
         let (mask_s, mask_l) = self.masks;
@@ -159,12 +163,7 @@ impl<R: std::io::Read> Chunks<R> {
             mask_l << 1,
         );
         let cdc = cdc.clamp(1, window.len());
-        // An entry starting before `cdc` (its signature may end after it).
-        let search_end = self.block.len().min(cdc + ZIP_ENTRY.len() - 1);
-        self.block
-            .get(ENTRY_CUT_MIN..search_end)
-            .and_then(|span| memchr::memmem::find(span, ZIP_ENTRY))
-            .map_or(cdc, |at| ENTRY_CUT_MIN + at)
+        crate::zip_cuts::entry_cut(&self.block, cdc)
     }
 }
 
@@ -259,8 +258,6 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
 
     #[test]
@@ -333,44 +330,6 @@ mod tests {
             again.iter().map(|p| p.data.len()).collect::<Vec<_>>()
         );
         assert!(pieces(&[]).is_empty());
-    }
-
-    #[test]
-    fn a_zip_entry_starts_a_chunk_so_a_small_change_stays_small() {
-        // A zip-like file: entries of 3 MiB, 2 KiB, 600 B, 3 MiB, 100 B, 2 KiB.
-        let sizes = [3 << 20, 2048, 600, 3 << 20, 100, 2048];
-        let build = |changed: Option<usize>| {
-            let mut file = Vec::new();
-            let mut starts = Vec::new();
-            for (i, size) in sizes.iter().enumerate() {
-                starts.push(file.len());
-                file.extend_from_slice(ZIP_ENTRY);
-                let seed = if changed == Some(i) { 1000 + i } else { i } as u64;
-                file.extend_from_slice(&noise(*size, seed + 1));
-            }
-            (file, starts)
-        };
-        let (first, starts) = build(None);
-        let cuts: Vec<u64> = pieces(&first).iter().map(|p| p.offset).collect();
-        for (i, start) in starts.iter().enumerate() {
-            // Every entry starts a chunk, except the one 100 B after the
-            // previous start (under ENTRY_CUT_MIN).
-            let entry_cut = i == 0 || starts[i] - starts[i - 1] >= ENTRY_CUT_MIN;
-            assert_eq!(
-                cuts.contains(&(*start as u64)),
-                entry_cut,
-                "entry {i} at {start}"
-            );
-        }
-        // The 2 KiB entry changes: only its chunk is new.
-        let (second, _) = build(Some(1));
-        let old: HashSet<_> = pieces(&first).into_iter().map(|p| p.data).collect();
-        let new_bytes: usize = pieces(&second)
-            .into_iter()
-            .filter(|p| !old.contains(&p.data))
-            .map(|p| p.data.len())
-            .sum();
-        assert_eq!(new_bytes, 2048 + ZIP_ENTRY.len());
     }
 
     #[test]

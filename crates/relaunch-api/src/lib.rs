@@ -1,6 +1,7 @@
 //! The tracking server's HTTP API as data: JSON request and response types
 //! ([`types`]) and the binary batch format for bulk metrics, console lines
-//! and events ([`batch`]), the file protocol and its chunker ([`files`]).
+//! and events ([`batch`]), the file protocol and its chunker ([`files`],
+//! its zip entry cuts in [`zip_cuts`]).
 //! The server and the client both depend on this crate and never on each
 //! other.
 
@@ -8,6 +9,7 @@ pub mod batch;
 pub mod files;
 pub mod names;
 pub mod types;
+pub mod zip_cuts;
 
 pub use batch::{Batch, BatchError, Record};
 pub use files::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
