@@ -4,6 +4,7 @@
 //! finish and every queued write commits before it returns.
 
 mod api;
+mod conn;
 mod dashboard;
 mod error;
 pub mod files;
@@ -22,6 +23,7 @@ use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::watch;
 
+pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::AppError;
 pub use files::FileStore;
 pub use storage::Storage;
@@ -176,16 +178,25 @@ pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), Strin
     ))
 }
 
-/// Serves `state` on `listener` until `shutdown` completes; then finishes
-/// the requests in flight.
+/// Serves `state` on `listener` with the default [`ConnLimits`] until
+/// `shutdown` completes; then finishes the requests in flight.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, ConnLimits::default(), shutdown).await
+}
+
+/// Serves `state` on `listener` under `limits` until `shutdown` completes;
+/// then finishes the requests in flight.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    limits: ConnLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    conn::serve(listener, router(state), limits, shutdown).await
 }
 
 #[cfg(test)]
