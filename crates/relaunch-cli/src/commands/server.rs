@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
-use relaunch_server::{AppState, ConnLimits, FileStore, TOKEN_ENV, check_exposure};
+use relaunch_server::{AppState, ConnLimits, FileStore, TOKEN_ENV, check_exposure, check_token};
 
 use crate::cli::{DurabilityArg, ServerArgs};
 use crate::output;
@@ -15,6 +15,11 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         .clone()
         .or_else(|| std::env::var(TOKEN_ENV).ok())
         .filter(|t| !t.is_empty());
+    if let Some(token) = &token
+        && let Err(message) = check_token(token)
+    {
+        bail!("{message}");
+    }
     let limits = conn_limits(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
