@@ -189,6 +189,11 @@ pub struct ServerArgs {
     /// Connections open at once; more are answered 503 (lowered to fit the open-file limit).
     #[arg(long, default_value_t = relaunch_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
+
+    /// Database reads at once (series, listings, exports); more wait their turn, and writes never
+    /// wait for reads.
+    #[arg(long, default_value_t = relaunch_server::storage::sqlite::DEFAULT_MAX_READERS, value_name = "N")]
+    pub max_readers: usize,
 }
 
 impl Default for ServerArgs {
@@ -203,6 +208,7 @@ impl Default for ServerArgs {
             header_timeout: relaunch_server::DEFAULT_HEADER_TIMEOUT,
             idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,
             max_connections: relaunch_server::DEFAULT_MAX_CONNECTIONS,
+            max_readers: relaunch_server::storage::sqlite::DEFAULT_MAX_READERS,
         }
     }
 }

@@ -277,3 +277,38 @@ async fn over_the_connection_cap_the_server_answers_503_naming_the_flag() {
     }
     server.stop().await;
 }
+
+#[test]
+fn concurrent_reads_never_open_more_readers_than_the_limit() {
+    use relaunch_server::Storage as _;
+    let dir = std::env::temp_dir().join(format!(
+        "relaunch-readers-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let storage = SqliteStorage::open(&dir, Durability::Process)
+        .unwrap()
+        .with_max_readers(2);
+    let start = std::sync::Barrier::new(16);
+    std::thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| {
+                start.wait();
+                for _ in 0..50 {
+                    storage
+                        .list_runs(&relaunch_api::RunFilter::default())
+                        .unwrap();
+                }
+            });
+        }
+    });
+    // Every read finished, and never on more than two connections (they
+    // are kept, so the count now is the most there ever were).
+    assert!(
+        (1..=2).contains(&storage.readers_open()),
+        "{}",
+        storage.readers_open()
+    );
+    drop(storage);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -48,9 +48,11 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             DurabilityArg::Process => Durability::Process,
         };
         let storage = Arc::new(
-            SqliteStorage::open(&args.data_dir, durability).with_context(|| {
-                format!("cannot open the data directory {}", args.data_dir.display())
-            })?,
+            SqliteStorage::open(&args.data_dir, durability)
+                .with_context(|| {
+                    format!("cannot open the data directory {}", args.data_dir.display())
+                })?
+                .with_max_readers(args.max_readers),
         );
         let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
             format!("cannot open the file store in {}", args.data_dir.display())
@@ -85,6 +87,9 @@ fn conn_limits(args: &ServerArgs) -> anyhow::Result<ConnLimits> {
         if value.is_zero() {
             bail!("{flag} 0 would close every connection at once; give a number of seconds > 0");
         }
+    }
+    if args.max_readers == 0 {
+        bail!("--max-readers 0 would let no read run; give a number > 0");
     }
     if args.max_connections == 0 {
         bail!("--max-connections 0 would refuse every client; give a number > 0");
