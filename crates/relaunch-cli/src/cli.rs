@@ -145,7 +145,7 @@ pub struct FilesGetArgs {
 }
 
 /// Options of `relaunch server`.
-#[derive(Clone, Debug, Args)]
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
 pub struct ServerArgs {
     /// Where the database and files live (created if missing).
     #[arg(
@@ -175,6 +175,42 @@ pub struct ServerArgs {
     /// What an acknowledged write survives: fsync (power loss) or process (the server being killed).
     #[arg(long, value_enum, default_value = "fsync")]
     pub durability: DurabilityArg,
+
+    /// Seconds a client may take from the first byte of a request to the end of its headers.
+    #[arg(long, default_value = "30", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub header_timeout: Duration,
+
+    /// Seconds a connection may go without a byte while the server waits for the client
+    /// (between requests, within a request body, or for it to read a response); a slow upload
+    /// that keeps sending is never cut.
+    #[arg(long, default_value = "120", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub idle_timeout: Duration,
+
+    /// Connections open at once; more are answered 503 (lowered to fit the open-file limit).
+    #[arg(long, default_value_t = relaunch_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+
+    /// Database reads at once (series, listings, exports); more wait their turn, and writes never
+    /// wait for reads.
+    #[arg(long, default_value_t = relaunch_server::storage::sqlite::DEFAULT_MAX_READERS, value_name = "N")]
+    pub max_readers: usize,
+}
+
+impl Default for ServerArgs {
+    fn default() -> Self {
+        Self {
+            data_dir: "relaunch-data".into(),
+            host: "127.0.0.1".into(),
+            port: 8765,
+            token: None,
+            max_request_bytes: relaunch_server::DEFAULT_MAX_REQUEST_BYTES,
+            durability: DurabilityArg::Fsync,
+            header_timeout: relaunch_server::DEFAULT_HEADER_TIMEOUT,
+            idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,
+            max_connections: relaunch_server::DEFAULT_MAX_CONNECTIONS,
+            max_readers: relaunch_server::storage::sqlite::DEFAULT_MAX_READERS,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -791,6 +827,12 @@ mod tests {
             panic!("parsed as {:?}", cli.command);
         };
         assert_eq!(args, ServeArgs::default());
+
+        let cli = Cli::try_parse_from(["relaunch", "server"]).unwrap();
+        let Command::Server(args) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(args, ServerArgs::default());
 
         let cli = Cli::try_parse_from(["relaunch", "metrics", "r", "k"]).unwrap();
         let Command::Metrics(args) = cli.command else {

@@ -96,6 +96,26 @@ fn server_on_an_exposed_address_needs_a_token_before_listening() {
 }
 
 #[test]
+fn server_refuses_a_token_of_only_spaces() {
+    let dir = std::env::temp_dir().join("relaunch-cli-blank-token-never-created");
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        .args(["server", "--host", "0.0.0.0", "--port", "0", "--data-dir"])
+        .arg(&dir)
+        .env("RELAUNCH_SERVER_TOKEN", "   ")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the token (3 characters of whitespace) could never be sent")
+            && stderr.contains("RELAUNCH_SERVER_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!dir.exists());
+}
+
+#[test]
 fn server_with_a_bad_durability_lists_the_choices() {
     let (code, _, stderr) = relaunch(&["server", "--durability", "sometimes"]);
     assert_eq!(code, 2);

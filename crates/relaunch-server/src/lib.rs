@@ -4,6 +4,7 @@
 //! finish and every queued write commits before it returns.
 
 mod api;
+mod conn;
 mod dashboard;
 mod error;
 pub mod files;
@@ -22,6 +23,7 @@ use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::watch;
 
+pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::AppError;
 pub use files::FileStore;
 pub use storage::Storage;
@@ -165,6 +167,27 @@ pub fn is_loopback(ip: IpAddr) -> bool {
     ip.is_loopback()
 }
 
+/// Refuses a token that no client can send: one that is only whitespace,
+/// or begins or ends with it (HTTP strips it around a header's value, and
+/// the server would lock everyone out).
+pub fn check_token(token: &str) -> Result<(), String> {
+    if token.trim().is_empty() {
+        return Err(format!(
+            "the token ({} characters of whitespace) could never be sent; set --token or \
+             {TOKEN_ENV} to a secret of visible characters, or unset it",
+            token.chars().count()
+        ));
+    }
+    if token.trim() != token {
+        return Err(format!(
+            "the token begins or ends with whitespace, which HTTP strips from the header that \
+             carries it, so no client could match it; remove the whitespace from --token or \
+             {TOKEN_ENV}"
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses to expose a server without a token beyond this machine.
 pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
     if is_loopback(addr.ip()) || token.is_some() {
@@ -176,21 +199,47 @@ pub fn check_exposure(addr: SocketAddr, token: Option<&str>) -> Result<(), Strin
     ))
 }
 
-/// Serves `state` on `listener` until `shutdown` completes; then finishes
-/// the requests in flight.
+/// Serves `state` on `listener` with the default [`ConnLimits`] until
+/// `shutdown` completes; then finishes the requests in flight.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, ConnLimits::default(), shutdown).await
+}
+
+/// Serves `state` on `listener` under `limits` until `shutdown` completes;
+/// then finishes the requests in flight.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    limits: ConnLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    conn::serve(listener, router(state), limits, shutdown).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_no_client_can_send_is_refused() {
+        assert!(
+            check_token("   ")
+                .unwrap_err()
+                .contains("3 characters of whitespace")
+        );
+        assert!(check_token("\t").is_err());
+        assert!(
+            check_token(" secret")
+                .unwrap_err()
+                .contains("begins or ends")
+        );
+        assert!(check_token("secret ").is_err());
+        assert!(check_token("s3cret").is_ok());
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
-use relaunch_server::{AppState, FileStore, TOKEN_ENV, check_exposure};
+use relaunch_server::{AppState, ConnLimits, FileStore, TOKEN_ENV, check_exposure, check_token};
 
 use crate::cli::{DurabilityArg, ServerArgs};
 use crate::output;
@@ -15,6 +15,12 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         .clone()
         .or_else(|| std::env::var(TOKEN_ENV).ok())
         .filter(|t| !t.is_empty());
+    if let Some(token) = &token
+        && let Err(message) = check_token(token)
+    {
+        bail!("{message}");
+    }
+    let limits = conn_limits(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("relaunch-server")
@@ -42,9 +48,11 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             DurabilityArg::Process => Durability::Process,
         };
         let storage = Arc::new(
-            SqliteStorage::open(&args.data_dir, durability).with_context(|| {
-                format!("cannot open the data directory {}", args.data_dir.display())
-            })?,
+            SqliteStorage::open(&args.data_dir, durability)
+                .with_context(|| {
+                    format!("cannot open the data directory {}", args.data_dir.display())
+                })?
+                .with_max_readers(args.max_readers),
         );
         let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
             format!("cannot open the file store in {}", args.data_dir.display())
@@ -54,12 +62,61 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             "relaunch server: http://{addr} (data in {})",
             args.data_dir.display()
         ));
-        relaunch_server::serve(listener, state, shutdown)
+        relaunch_server::serve_with(listener, state, limits, shutdown)
             .await
             .context("the server failed")?;
         // Every queued write commits before the process ends.
         storage.close();
         tracing::info!("stopped");
         Ok(0)
+    })
+}
+
+/// Open files the server needs besides its connections: the database, its
+/// readers and journal, files being served, the runtime's own.
+const FILES_BESIDES_CONNECTIONS: u64 = 256;
+
+/// The connection limits, checked, with the open-file limit raised (as far
+/// as the hard limit allows) to hold `--max-connections`, or the cap lowered
+/// to fit it.
+fn conn_limits(args: &ServerArgs) -> anyhow::Result<ConnLimits> {
+    for (flag, value) in [
+        ("--header-timeout", args.header_timeout),
+        ("--idle-timeout", args.idle_timeout),
+    ] {
+        if value.is_zero() {
+            bail!("{flag} 0 would close every connection at once; give a number of seconds > 0");
+        }
+    }
+    if args.max_readers == 0 {
+        bail!("--max-readers 0 would let no read run; give a number > 0");
+    }
+    if args.max_connections == 0 {
+        bail!("--max-connections 0 would refuse every client; give a number > 0");
+    }
+    let mut max_connections = args.max_connections;
+    let wanted = max_connections as u64 + FILES_BESIDES_CONNECTIONS;
+    match rlimit::increase_nofile_limit(wanted) {
+        Ok(limit) if limit < wanted => {
+            let fits = limit.saturating_sub(FILES_BESIDES_CONNECTIONS).max(1);
+            max_connections = usize::try_from(fits).unwrap_or(max_connections);
+            tracing::warn!(
+                open_file_limit = limit,
+                max_connections,
+                "the open-file limit holds fewer than --max-connections {} connections; \
+                 serving at most {max_connections} (raise it with `ulimit -n`)",
+                args.max_connections
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot raise the open-file limit; connections beyond it are refused"
+        ),
+    }
+    Ok(ConnLimits {
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+        max_connections,
     })
 }

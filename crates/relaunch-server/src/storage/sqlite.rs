@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use relaunch_api::{
     Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine, Record,
     RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
@@ -154,7 +154,25 @@ pub struct SqliteStorage {
     path: PathBuf,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    readers: Mutex<Vec<Connection>>,
+    readers: Readers,
+}
+
+/// Default `--max-readers`.
+pub const DEFAULT_MAX_READERS: usize = 4;
+
+/// The reader connections: at most `max` open, each reused; a read that
+/// finds them all busy waits for one. Bounding them bounds what concurrent
+/// reads hold (each connection's page cache and its mapped pages, each
+/// read's results) and leaves the cores to the writer.
+struct Readers {
+    pool: Mutex<ReaderPool>,
+    freed: Condvar,
+    max: usize,
+}
+
+struct ReaderPool {
+    idle: Vec<Connection>,
+    open: usize,
 }
 
 impl std::fmt::Debug for SqliteStorage {
@@ -199,7 +217,14 @@ impl SqliteStorage {
             path,
             jobs: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            readers: Mutex::new(Vec::new()),
+            readers: Readers {
+                pool: Mutex::new(ReaderPool {
+                    idle: Vec::new(),
+                    open: 0,
+                }),
+                freed: Condvar::new(),
+                max: DEFAULT_MAX_READERS,
+            },
         })
     }
 
@@ -239,26 +264,58 @@ impl SqliteStorage {
         }
     }
 
+    /// At most `max` reads at once (at least 1); more wait for a reader.
+    #[must_use]
+    pub fn with_max_readers(mut self, max: usize) -> Self {
+        self.readers.max = max.max(1);
+        self
+    }
+
+    /// Reader connections open now; never more than `with_max_readers`.
+    pub fn readers_open(&self) -> usize {
+        self.readers.pool.lock().open
+    }
+
     fn read<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        let conn = match self.readers.lock().pop() {
-            Some(conn) => conn,
-            None => {
-                let conn = Connection::open_with_flags(
-                    &self.path,
-                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )
-                .map_err(backend)?;
-                conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA mmap_size=1073741824;")
-                    .map_err(backend)?;
-                conn
+        let conn = {
+            let mut pool = self.readers.pool.lock();
+            loop {
+                if let Some(conn) = pool.idle.pop() {
+                    break conn;
+                }
+                if pool.open < self.readers.max {
+                    pool.open += 1;
+                    drop(pool);
+                    match self.open_reader() {
+                        Ok(conn) => break conn,
+                        Err(e) => {
+                            self.readers.pool.lock().open -= 1;
+                            self.readers.freed.notify_one();
+                            return Err(e);
+                        }
+                    }
+                }
+                self.readers.freed.wait(&mut pool);
             }
         };
         let result = f(&conn);
-        self.readers.lock().push(conn);
+        self.readers.pool.lock().idle.push(conn);
+        self.readers.freed.notify_one();
         result
+    }
+
+    fn open_reader(&self) -> Result<Connection, StorageError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(backend)?;
+        conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA mmap_size=1073741824;")
+            .map_err(backend)?;
+        Ok(conn)
     }
 }
 
