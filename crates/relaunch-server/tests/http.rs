@@ -555,6 +555,119 @@ async fn bad_file_requests_get_clear_errors() {
     assert!(error(&body).error.contains("64 lowercase hex digits"));
 }
 
+/// Regression: a manifest whose chunk sizes or hash were not those of its
+/// chunks was committed, and its download panicked mid-response (declared
+/// larger) or served truncated bytes (declared smaller).
+#[tokio::test]
+async fn a_manifest_must_match_its_chunks_bytes() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+    server.put_chunk(&hex(&a), &a).await;
+    server.put_chunk(&hex(&b), &b).await;
+    let manifest = |name: &str, blake3: &str, sizes: [u64; 2]| {
+        serde_json::json!({
+            "name": name,
+            "size": sizes[0] + sizes[1],
+            "blake3": blake3,
+            "chunks": [
+                {"hash": hex(&a), "size": sizes[0]},
+                {"hash": hex(&b), "size": sizes[1]},
+            ],
+        })
+    };
+    for (sizes, says) in [
+        ([4000, 500], "chunk 0 ("),
+        ([1000, 499], "chunk 1 ("),
+        (
+            [999, 500],
+            "declared as 999 bytes, but the stored chunk with that hash holds 1000",
+        ),
+    ] {
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/runs/r/files",
+                manifest("x", &hex(&whole), sizes),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{sizes:?}");
+        assert!(error(&body).error.contains(says), "{}", error(&body).error);
+    }
+    assert_eq!(
+        server.get("/api/v1/runs/r/files/x").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // One chunk: the file's hash is the chunk's, checked at commit.
+    let one = serde_json::json!({
+        "name": "one", "size": 1000, "blake3": hex(&b),
+        "chunks": [{"hash": hex(&a), "size": 1000}],
+    });
+    let (status, body) = server.json("POST", "/api/v1/runs/r/files", one).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body).error.contains("its bytes hash to"),
+        "{}",
+        error(&body).error
+    );
+    let empty = serde_json::json!({"name": "e", "size": 0, "blake3": hex(&a), "chunks": []});
+    let (status, _) = server.json("POST", "/api/v1/runs/r/files", empty).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Several chunks with a wrong whole hash: the full download is cut
+    // before its last bytes; a range is served (the reader checks the whole).
+    let (status, _) = server
+        .json(
+            "POST",
+            "/api/v1/runs/r/files",
+            manifest("lie", &hex(b"lie"), [1000, 500]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let response = router(server.state.clone())
+        .oneshot(
+            Request::builder()
+                .uri("/api/v1/runs/r/files/lie")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .is_err()
+    );
+    let (status, body, _) = server.range("/api/v1/runs/r/files/lie", "bytes=0-9").await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::PARTIAL_CONTENT, whole[..10].to_vec())
+    );
+
+    // The true manifest commits and reads back whole.
+    let (status, _) = server
+        .json(
+            "POST",
+            "/api/v1/runs/r/files",
+            manifest("x", &hex(&whole), [1000, 500]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        server.get("/api/v1/runs/r/files/x").await,
+        (StatusCode::OK, whole)
+    );
+}
+
 /// The dashboard's pages are static and open; the data they show is not.
 #[tokio::test]
 async fn the_dashboard_is_served_outside_the_token_guard() {
