@@ -357,6 +357,42 @@ async fn a_log_follow_wakes_when_lines_arrive() {
     assert_eq!(got[0].text, "hi");
 }
 
+/// Regression: a batch numbered [1, 3] was stored (then record 2 was
+/// acknowledged and dropped), and numbers above 2^63-1 were clamped.
+#[tokio::test]
+async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let mut gap = loss("w", 0..3);
+    gap.records.remove(1);
+    let (status, body) = server.batch("r", &gap).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body)
+            .error
+            .contains("must be consecutive: 3 follows 1"),
+        "{}",
+        error(&body).error
+    );
+    let mut huge = loss("w", 0..1);
+    huge.records[0].0 = 1 << 63;
+    let (status, body) = server.batch("r", &huge).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body).error.contains("1 to 9223372036854775807"),
+        "{}",
+        error(&body).error
+    );
+    let (_, body) = server.get("/api/v1/runs/r/watermark?writer=w").await;
+    assert_eq!(serde_json::from_slice::<Ack>(&body).unwrap().watermark, 0);
+}
+
 // --- files ---------------------------------------------------------------
 
 fn hex(data: &[u8]) -> String {

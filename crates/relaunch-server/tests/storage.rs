@@ -324,6 +324,52 @@ fn a_gap_after_the_watermark_is_refused_and_nothing_is_stored() {
     });
 }
 
+/// Regression: a batch numbered [1, 3] was stored, and record 2, sent
+/// later, acknowledged and dropped.
+#[test]
+fn a_gap_inside_a_batch_is_refused_and_nothing_is_stored() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let mut gap = metrics("w", 1, "loss", 0..3, 0);
+        gap.records.remove(1);
+        let err = s.ingest("r", &gap, 1.0).unwrap_err();
+        assert!(
+            matches!(&err, StorageError::Invalid(m) if m.contains("3 follows 1")),
+            "{err}"
+        );
+        assert_eq!(s.watermark("r", "w").unwrap(), 0);
+        assert!(s.keys("r").unwrap().is_empty());
+        // Sent whole, every record is stored.
+        let ack = s.ingest("r", &metrics("w", 1, "loss", 0..3, 0), 2.0);
+        assert_eq!(ack.unwrap().watermark, 3);
+        assert_eq!(s.series("r", &all("loss")).unwrap().total, 3);
+    });
+}
+
+/// Regression: sequence numbers above 2^63-1 were clamped when stored (the
+/// answer said one watermark, the database held another), so a resend was
+/// stored again.
+#[test]
+fn sequence_numbers_are_stored_exactly_up_to_the_limit() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let max = relaunch_api::batch::MAX_SEQ;
+        for seq in [0, max + 1, u64::MAX] {
+            let err = s
+                .ingest("r", &metrics("w", seq, "loss", 0..1, 0), 1.0)
+                .unwrap_err();
+            assert!(
+                matches!(&err, StorageError::Invalid(m) if m.contains("9223372036854775807")),
+                "{err}"
+            );
+        }
+        // Across the limit inside one batch.
+        let err = s.ingest("r", &metrics("w", max, "loss", 0..2, 0), 1.0);
+        assert!(matches!(err, Err(StorageError::Invalid(_))));
+        assert_eq!(s.watermark("r", "w").unwrap(), 0);
+    });
+}
+
 #[test]
 fn writers_are_independent() {
     each_backend(|s, _| {

@@ -1011,6 +1011,9 @@ fn attempt_order(conn: &Connection, run: &str) -> Result<HashMap<u32, u32>, Stor
 }
 
 fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+    batch
+        .check_sequence()
+        .map_err(|e| StorageError::Invalid(e.to_string()))?;
     get_run(conn, run)?;
     let mark = watermark(conn, run, &batch.writer)?;
     let fresh: Vec<&(u64, Record)> = batch
