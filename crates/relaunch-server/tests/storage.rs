@@ -370,6 +370,76 @@ fn sequence_numbers_are_stored_exactly_up_to_the_limit() {
     });
 }
 
+/// Regression: a point at step 2^63-1 was stored and shown by `latest`
+/// but never returned by series reads (the largest step stood for "no
+/// limit"). Every i64 is a step, read back whole, in a range and across
+/// attempts.
+#[test]
+fn every_step_value_reads_back() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let steps = [i64::MIN, -5, 0, 7, i64::MAX];
+        let batch = |token: &str, first: u64, steps: &[i64]| Batch {
+            writer: format!("w-{token}"),
+            attempt_token: token.into(),
+            records: steps
+                .iter()
+                .enumerate()
+                .map(|(i, &step)| {
+                    (
+                        first + i as u64,
+                        Record::Metrics {
+                            step,
+                            wall: 0.0,
+                            rank: 0,
+                            values: vec![("x".into(), i as f64)],
+                        },
+                    )
+                })
+                .collect(),
+        };
+        s.ingest("r", &batch("t0", 1, &steps), 1.0).unwrap();
+        let read = |q: SeriesQuery| -> Vec<i64> {
+            s.series("r", &q)
+                .unwrap()
+                .points
+                .iter()
+                .map(|p| p.step)
+                .collect()
+        };
+        assert_eq!(read(all("x")), steps);
+        let range = |lo, hi| SeriesQuery {
+            min_step: lo,
+            max_step: hi,
+            ..all("x")
+        };
+        assert_eq!(read(range(Some(i64::MAX), Some(i64::MAX))), [i64::MAX]);
+        assert_eq!(read(range(Some(i64::MIN), Some(i64::MIN))), [i64::MIN]);
+        assert_eq!(read(range(Some(0), None)), [0, 7, i64::MAX]);
+        assert_eq!(read(range(None, Some(-5))), [i64::MIN, -5]);
+        // Downsampled, the extreme steps keep their buckets.
+        let two = SeriesQuery {
+            buckets: 2,
+            ..all("x")
+        };
+        let buckets = s.series("r", &two).unwrap();
+        assert_eq!(buckets.total, 5);
+        assert_eq!(buckets.points.last().unwrap().step, i64::MAX);
+        let latest = s.latest("r").unwrap();
+        assert_eq!(latest[0].step, i64::MAX);
+
+        // A newer attempt that starts at i64::MAX replaces only that step.
+        s.open_run(&init("p", Some("r"), "t1"), 2.0).unwrap();
+        s.ingest("r", &batch("t1", 1, &[i64::MAX]), 3.0).unwrap();
+        let series = s.series("r", &all("x")).unwrap();
+        let shown: Vec<(i64, u32)> = series.points.iter().map(|p| (p.step, p.attempt)).collect();
+        assert_eq!(
+            shown,
+            [(i64::MIN, 0), (-5, 0), (0, 0), (7, 0), (i64::MAX, 1)]
+        );
+    });
+}
+
 #[test]
 fn writers_are_independent() {
     each_backend(|s, _| {
