@@ -393,6 +393,50 @@ async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
     assert_eq!(serde_json::from_slice::<Ack>(&body).unwrap().watermark, 0);
 }
 
+/// Regression: NaN and the infinities were written as JSON null.
+#[tokio::test]
+async fn non_finite_values_are_strings_in_json() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let mut batch = loss("w", 0..3);
+    for ((_, record), v) in
+        batch
+            .records
+            .iter_mut()
+            .zip([f64::NAN, f64::INFINITY, f64::NEG_INFINITY])
+    {
+        if let Record::Metrics { values, .. } = record {
+            values[0].1 = v;
+        }
+    }
+    assert_eq!(server.batch("r", &batch).await.0, StatusCode::OK);
+    let (status, body) = server.get("/api/v1/runs/r/series?key=loss").await;
+    assert_eq!(status, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let values: Vec<&serde_json::Value> = json["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["value"])
+        .collect();
+    assert_eq!(values, ["NaN", "Infinity", "-Infinity"]);
+    let series: Series = serde_json::from_slice(&body).unwrap();
+    assert!(series.points[0].value.is_nan());
+    assert_eq!(series.points[2].min, f64::NEG_INFINITY);
+    let (_, body) = server.get("/api/v1/runs/r/latest").await;
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json[0]["value"], "-Infinity");
+    let (_, body) = server.get("/api/v1/latest?key=loss").await;
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json[0]["value"], "-Infinity", "{json}");
+}
+
 // --- files ---------------------------------------------------------------
 
 fn hex(data: &[u8]) -> String {

@@ -440,6 +440,99 @@ fn every_step_value_reads_back() {
     });
 }
 
+/// Regression: NaN and the infinities read back as nothing (JSON null) or
+/// as NaN. Each reads back as itself, in full reads, in buckets (whose
+/// extremes skip NaN) and in `latest`.
+#[test]
+fn non_finite_values_read_back_as_themselves() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let values = [
+            1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            2.0,
+            f64::NAN,
+        ];
+        let batch = Batch {
+            writer: "w".into(),
+            attempt_token: "t0".into(),
+            records: values
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    (
+                        i as u64 + 1,
+                        Record::Metrics {
+                            step: i as i64,
+                            wall: 0.0,
+                            rank: 0,
+                            values: vec![("x".into(), v), ("nan".into(), f64::NAN)],
+                        },
+                    )
+                })
+                .collect(),
+        };
+        s.ingest("r", &batch, 1.0).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let series = s.series("r", &all("x")).unwrap();
+        let read: Vec<f64> = series.points.iter().map(|p| p.value).collect();
+        assert_eq!(bits(&read), bits(&values));
+        // Two buckets of three: last values, extremes without NaN.
+        let two = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 2,
+                    ..all("x")
+                },
+            )
+            .unwrap();
+        let b: Vec<(f64, f64, f64, u64)> = two
+            .points
+            .iter()
+            .map(|p| (p.value, p.min, p.max, p.count))
+            .collect();
+        assert_eq!(b[0], (f64::INFINITY, 1.0, f64::INFINITY, 3));
+        assert_eq!((b[1].1, b[1].2, b[1].3), (f64::NEG_INFINITY, 2.0, 3));
+        assert!(b[1].0.is_nan());
+        // One bucket: the chunk's stored summary.
+        let one = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 1,
+                    ..all("x")
+                },
+            )
+            .unwrap();
+        let p = &one.points[0];
+        assert_eq!(
+            (p.min, p.max, p.count),
+            (f64::NEG_INFINITY, f64::INFINITY, 6)
+        );
+        assert!(p.value.is_nan());
+        // All NaN: NaN everywhere, not infinities or zeros.
+        let nan = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 2,
+                    ..all("nan")
+                },
+            )
+            .unwrap();
+        assert!(
+            nan.points
+                .iter()
+                .all(|p| p.value.is_nan() && p.min.is_nan() && p.max.is_nan())
+        );
+        let latest = s.latest("r").unwrap();
+        assert!(latest.iter().find(|l| l.key == "x").unwrap().value.is_nan());
+    });
+}
+
 #[test]
 fn writers_are_independent() {
     each_backend(|s, _| {

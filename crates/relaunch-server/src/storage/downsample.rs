@@ -2,6 +2,11 @@
 //! a step shows, and reduction to at most N buckets that keep each bucket's
 //! min, max and last value.
 //!
+//! Non-finite values: a bucket's value is its last point's, NaN included
+//! (a chart shows a gap there); its min and max skip NaN (one NaN does not
+//! poison a band) and are NaN only when every value in the bucket is; the
+//! infinities are values like any other and count in min and max.
+//!
 //! A resumed attempt replaces what earlier attempts logged from the step it
 //! resumed at: attempt `a`'s values at steps at or past the first step of
 //! any newer attempt are hidden (they belong to an abandoned branch), unless

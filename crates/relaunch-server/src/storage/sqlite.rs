@@ -1171,7 +1171,9 @@ fn store_chunk(
     let Some(s) = Summary::of(points) else {
         return Ok(());
     };
-    let finite = |v: f64| v.is_finite().then_some(v);
+    // SQLite keeps the infinities as REAL but has no NaN: NaN is NULL, read
+    // back as NaN.
+    let finite = |v: f64| (!v.is_nan()).then_some(v);
     conn.prepare_cached(
         "INSERT INTO chunks(key_id, rank, attempt, first_step, last_step, count, vmin, vmax, last_value, last_wall, blocks, points) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
