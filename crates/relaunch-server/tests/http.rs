@@ -437,6 +437,57 @@ async fn non_finite_values_are_strings_in_json() {
     assert_eq!(json[0]["value"], "-Infinity", "{json}");
 }
 
+/// Regression: event data that was not JSON, or nested too deep, was
+/// stored and read back as null; writer ids skipped the name rules; event
+/// kinds could hold control characters.
+#[tokio::test]
+async fn event_data_kinds_and_writer_ids_are_checked() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let event = |kind: &str, data: String| Batch {
+        writer: "w".into(),
+        attempt_token: "t".into(),
+        records: vec![(
+            1,
+            Record::Event {
+                kind: kind.into(),
+                wall: 1.0,
+                text: String::new(),
+                data,
+            },
+        )],
+    };
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    for (batch, says) in [
+        (event("note", "{not json".into()), "not valid JSON"),
+        (event("note", deep(65)), "more than 64"),
+        (event("bad\u{1b}[2Jkind", "{}".into()), "printable text"),
+        (
+            Batch {
+                writer: "../w".into(),
+                ..loss("w", 0..1)
+            },
+            "writer id \"../w\" is not allowed",
+        ),
+    ] {
+        let (status, body) = server.batch("r", &batch).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{says}");
+        assert!(error(&body).error.contains(says), "{}", error(&body).error);
+    }
+    let (status, _) = server.batch("r", &event("note", deep(64))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, body) = server.get("/api/v1/runs/r/events").await;
+    let events: Vec<relaunch_api::Event> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].data.to_string(), deep(64));
+}
+
 // --- files ---------------------------------------------------------------
 
 fn hex(data: &[u8]) -> String {
