@@ -6,7 +6,7 @@
 //! "RLB2"
 //! writer          str16 (u16 length + UTF-8)   one spool: one process of one attempt
 //! attempt_token   str16                        the attempt it belongs to
-//! records         u32 n, n × record, seq strictly increasing
+//! records         u32 n, n × record, seq consecutive (each the last + 1), 1 ..= 2^63-1
 //! record = seq u64, body
 //! body   = kind u8, then
 //!   metrics (1): step i64, wall f64, rank u32, u16 n, n × (key str16, value f64)   one log() call
@@ -23,6 +23,10 @@ use crate::types::Stream;
 
 pub const MAGIC: &[u8; 4] = b"RLB2";
 pub const CONTENT_TYPE: &str = "application/x-relaunch-batch";
+
+/// The largest sequence number: storage keeps them as signed 64-bit
+/// integers (SQLite's `INTEGER`).
+pub const MAX_SEQ: u64 = i64::MAX as u64;
 
 /// Longest writer id or attempt token.
 pub const MAX_ID: usize = 256;
@@ -55,7 +59,8 @@ pub enum Record {
 pub struct Batch {
     pub writer: String,
     pub attempt_token: String,
-    /// `(seq, record)`, seq strictly increasing.
+    /// `(seq, record)`, seq consecutive, in `1..=MAX_SEQ` (see
+    /// [`Batch::check_sequence`]).
     pub records: Vec<(u64, Record)>,
 }
 
@@ -67,8 +72,15 @@ pub enum BatchError {
     Truncated(&'static str),
     #[error("unknown record kind {0}")]
     Kind(u8),
-    #[error("sequence numbers must increase: {then} after {before}")]
-    Order { before: u64, then: u64 },
+    #[error(
+        "sequence numbers must be consecutive: {then} follows {before}; a writer numbers its \
+         records 1, 2, 3, ... and sends them without gaps"
+    )]
+    Gap { before: u64, then: u64 },
+    #[error(
+        "sequence number {0} is out of range: sequence numbers run from 1 to {MAX_SEQ} (2^63-1)"
+    )]
+    SeqRange(u64),
     #[error("{0} is not UTF-8")]
     Utf8(&'static str),
     #[error("{what} of {len} bytes; the most is {MAX_ID}")]
@@ -153,25 +165,39 @@ impl Batch {
         let count = r.u32("the record count")? as usize;
         // Every record takes at least 9 bytes: bound the allocation by what arrived.
         let mut records = Vec::with_capacity(count.min(bytes.len() / 9));
-        let mut last: Option<u64> = None;
         for _ in 0..count {
             let seq = r.u64("a sequence number")?;
-            if let Some(before) = last
-                && seq <= before
-            {
-                return Err(BatchError::Order { before, then: seq });
-            }
-            last = Some(seq);
             records.push((seq, Record::decode_from(&mut r)?));
         }
         if r.pos != bytes.len() {
             return Err(BatchError::Trailing(bytes.len() - r.pos));
         }
-        Ok(Self {
+        let batch = Self {
             writer,
             attempt_token,
             records,
-        })
+        };
+        batch.check_sequence()?;
+        Ok(batch)
+    }
+
+    /// The records' sequence numbers are consecutive and in
+    /// `1..=`[`MAX_SEQ`]: a gap would be acknowledged by a watermark past
+    /// records never stored, and a larger number cannot be stored exactly.
+    pub fn check_sequence(&self) -> Result<(), BatchError> {
+        let mut last: Option<u64> = None;
+        for &(seq, _) in &self.records {
+            if seq == 0 || seq > MAX_SEQ {
+                return Err(BatchError::SeqRange(seq));
+            }
+            if let Some(before) = last
+                && before.checked_add(1) != Some(seq)
+            {
+                return Err(BatchError::Gap { before, then: seq });
+            }
+            last = Some(seq);
+        }
+        Ok(())
     }
 }
 
@@ -359,7 +385,7 @@ mod tests {
                     },
                 ),
                 (
-                    5,
+                    3,
                     Record::Event {
                         kind: "restart".into(),
                         wall: 3.0,
@@ -420,8 +446,31 @@ mod tests {
         unordered.encode(&mut bytes);
         assert_eq!(
             Batch::decode(&bytes),
-            Err(BatchError::Order { before: 2, then: 1 })
+            Err(BatchError::Gap { before: 2, then: 1 })
         );
+        // Regression: a gap was stored, and the missing record, sent later,
+        // acknowledged and dropped.
+        let mut gap = sample();
+        gap.records.remove(1);
+        let mut bytes = Vec::new();
+        gap.encode(&mut bytes);
+        assert_eq!(
+            Batch::decode(&bytes),
+            Err(BatchError::Gap { before: 1, then: 3 })
+        );
+        // Regression: numbers above 2^63-1 were clamped when stored.
+        for seq in [0, MAX_SEQ + 1, u64::MAX] {
+            let mut out = sample();
+            out.records.truncate(1);
+            out.records[0].0 = seq;
+            let mut bytes = Vec::new();
+            out.encode(&mut bytes);
+            assert_eq!(Batch::decode(&bytes), Err(BatchError::SeqRange(seq)));
+        }
+        let mut top = sample();
+        top.records.truncate(1);
+        top.records[0].0 = MAX_SEQ;
+        assert_eq!(top.check_sequence(), Ok(()));
         // A huge record count with no records does not allocate for it.
         let mut bytes = Vec::new();
         put_header(&mut bytes, "w", "t", u32::MAX);

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod files;
+pub mod float;
 pub mod names;
 pub mod types;
 pub mod zip_cuts;

@@ -176,9 +176,15 @@ pub struct SeriesPoint {
     /// downsampled).
     pub step: i64,
     pub wall: f64,
-    /// The bucket's last value.
+    /// The bucket's last value (NaN included). In JSON, NaN and the
+    /// infinities are strings ([`crate::float`]).
+    #[serde(with = "crate::float")]
     pub value: f64,
+    /// The bucket's extremes, NaN ignored (NaN only when every value in the
+    /// bucket is NaN); the infinities count.
+    #[serde(with = "crate::float")]
     pub min: f64,
+    #[serde(with = "crate::float")]
     pub max: f64,
     /// Points in the bucket.
     pub count: u64,
@@ -201,6 +207,8 @@ pub struct Latest {
     pub key: String,
     pub rank: u32,
     pub step: i64,
+    /// NaN and the infinities as strings in JSON ([`crate::float`]).
+    #[serde(with = "crate::float")]
     pub value: f64,
     pub wall: f64,
     pub attempt: u32,

@@ -363,21 +363,21 @@ impl Run {
     /// `finished` also set the run's status.
     pub fn event(&self, kind: &str, text: &str, data: &Value) -> Result<(), ClientError> {
         self.check_open()?;
-        if kind.is_empty() || kind.len() > 64 {
-            return Err(ClientError::Config(format!(
-                "event kind {kind:?} must be 1 to 64 bytes"
-            )));
-        }
-        let mut body = Vec::with_capacity(64 + text.len());
+        relaunch_api::names::check_event_kind(kind).map_err(ClientError::Config)?;
+        let data = if data.is_null() {
+            String::new()
+        } else {
+            data.to_string()
+        };
+        // What the server would refuse never enters the spool (it would
+        // hold up every record after it).
+        relaunch_api::names::check_event_data(&data).map_err(ClientError::Config)?;
+        let mut body = Vec::with_capacity(64 + text.len() + data.len());
         Record::Event {
             kind: kind.to_owned(),
             wall: now(),
             text: text.to_owned(),
-            data: if data.is_null() {
-                String::new()
-            } else {
-                data.to_string()
-            },
+            data,
         }
         .encode(&mut body);
         self.spool.lock().append(&body)?;

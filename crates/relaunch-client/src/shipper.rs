@@ -421,12 +421,25 @@ async fn send_next(
     info: &WriterInfo,
     max_batch: usize,
 ) -> Result<bool, ClientError> {
-    let records = {
+    let (acked, records) = {
         let spool = spool.lock();
-        spool.read_after(spool.acked(), max_batch)?
+        let acked = spool.acked();
+        (acked, spool.read_after(acked, max_batch)?)
     };
     if records.is_empty() {
         return Ok(false);
+    }
+    // The spool numbers records without gaps and the server refuses a
+    // batch with one: a gap here is a damaged spool, said as such.
+    if let Some((expected, (seq, _))) = (acked + 1..)
+        .zip(&records)
+        .find(|(expected, (seq, _))| seq != expected)
+    {
+        return Err(ClientError::Corrupt(format!(
+            "the spool of writer {} holds record {seq} where {expected} should be; its \
+             records are not consecutive (a damaged spool directory?)",
+            info.writer
+        )));
     }
     let size: usize = records.iter().map(|(_, r)| r.len() + 8).sum();
     let mut body = Vec::with_capacity(size + 600);

@@ -4,7 +4,7 @@
 
 import uPlot from './vendor/uplot/uPlot.esm.js';
 import { api, qs } from './api.js';
-import { h, fmtNum } from './util.js';
+import { h, fmtNum, metricValue } from './util.js';
 
 /** Events drawn on charts, and their colours. */
 export const MARKERS = {
@@ -29,13 +29,22 @@ export function markPainted(name) {
 }
 
 /** One key of one run, downsampled by the server to at most `buckets` points. */
-export function fetchSeries(run, key, { buckets = 1000, minStep, maxStep, signal } = {}) {
-  return api(`/runs/${encodeURIComponent(run)}/series${qs({ key, buckets, min_step: minStep, max_step: maxStep })}`, { signal });
+export async function fetchSeries(run, key, { buckets = 1000, minStep, maxStep, signal } = {}) {
+  const series = await api(`/runs/${encodeURIComponent(run)}/series${qs({ key, buckets, min_step: minStep, max_step: maxStep })}`, { signal });
+  for (const p of series.points) {
+    p.value = metricValue(p.value);
+    p.min = metricValue(p.min);
+    p.max = metricValue(p.max);
+  }
+  return series;
 }
 
 /**
  * A series' points as columns against `xKind` (`step` or `wall`), sorted
- * by x (uPlot needs ascending x); `log` drops values a log scale cannot show.
+ * by x (uPlot needs ascending x). NaN and the infinities become null: a
+ * gap in the line (uPlot breaks a line at null, never draws it as 0);
+ * `log` skips values a log scale cannot show (undefined: the line joins
+ * over them). A band's min and max skip NaN on the server already.
  */
 export function columns(series, xKind, log = false) {
   let pts = series.points;
@@ -43,7 +52,7 @@ export function columns(series, xKind, log = false) {
     const sorted = pts.every((p, i) => i === 0 || pts[i - 1].wall <= p.wall);
     if (!sorted) pts = [...pts].sort((a, b) => a.wall - b.wall);
   }
-  const ok = (v) => (v === null || !Number.isFinite(v) || (log && v <= 0) ? null : v);
+  const ok = (v) => (typeof v !== 'number' || !Number.isFinite(v) ? null : log && v <= 0 ? undefined : v);
   return {
     x: pts.map((p) => (xKind === 'wall' ? p.wall : p.step)),
     y: pts.map((p) => ok(p.value)),
@@ -61,6 +70,7 @@ export function smooth(ys, weight) {
   let n = 0;
   for (let i = 0; i < ys.length; i++) {
     const y = ys[i];
+    if (y === undefined) { out[i] = undefined; continue; }
     if (y === null || !Number.isFinite(y)) { out[i] = null; continue; }
     last = last * weight + (1 - weight) * y;
     n++;
@@ -161,7 +171,9 @@ export class Chart {
         label: l.label,
         stroke: l.faint ? withAlpha(l.color, 0.3) : l.color,
         width: l.width ?? 1.5,
-        spanGaps: true,
+        // null (a NaN or infinite value) breaks the line; undefined (no
+        // point at this x: another run's step) is joined over.
+        spanGaps: false,
         points: { show: false },
         value: (u, v) => fmtNum(v),
       });

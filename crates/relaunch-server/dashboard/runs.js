@@ -7,8 +7,8 @@
 import { api, qs } from './api.js';
 import { markPainted } from './chart.js';
 import {
-  crumbs, debounce, flatten, fmtAgo, fmtNum, fmtTime, fmtValue, h, listParam, query, setQuery,
-  showError, statusBadge,
+  crumbs, debounce, flatten, fmtAgo, fmtNum, fmtTime, fmtValue, h, listParam, metricValue, query,
+  setQuery, showError, statusBadge,
 } from './util.js';
 
 const ROW = 30;
@@ -287,7 +287,7 @@ export function runsPage(root) {
     for (const r of rows) {
       let m = latest.get(r.run);
       if (!m) latest.set(r.run, (m = new Map()));
-      m.set(r.key, r.value);
+      m.set(r.key, metricValue(r.value));
     }
   }
 

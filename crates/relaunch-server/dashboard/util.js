@@ -19,10 +19,25 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/**
+ * A metric value from the API as a number: the server writes NaN and the
+ * infinities as the strings "NaN", "Infinity" and "-Infinity" (JSON has no
+ * numbers for them); older servers wrote null, read as NaN.
+ */
+export function metricValue(v) {
+  if (typeof v === 'number') return v;
+  if (v === 'Infinity') return Infinity;
+  if (v === '-Infinity') return -Infinity;
+  return NaN;
+}
+
 /** A number for a person: a few significant digits, exponents when tiny or huge. */
 export function fmtNum(v) {
-  if (v === null || v === undefined || Number.isNaN(v)) return '–';
+  if (v === null || v === undefined) return '–';
   if (typeof v !== 'number') return String(v);
+  if (Number.isNaN(v)) return 'NaN';
+  if (v === Infinity) return '∞';
+  if (v === -Infinity) return '-∞';
   if (Number.isInteger(v) && Math.abs(v) < 1e9) return String(v);
   const a = Math.abs(v);
   if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(3);

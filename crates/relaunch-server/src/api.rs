@@ -290,11 +290,20 @@ pub(crate) async fn ingest(
             "a batch needs a writer id and an attempt token".into(),
         ));
     }
+    check_name("writer id", &batch.writer)?;
     for (_, record) in &batch.records {
-        if let relaunch_api::Record::Metrics { values, .. } = record {
-            for (key, _) in values {
-                check_key(key)?;
+        match record {
+            relaunch_api::Record::Metrics { values, .. } => {
+                for (key, _) in values {
+                    check_key(key)?;
+                }
             }
+            relaunch_api::Record::Event { kind, data, .. } => {
+                let bad = AppError::BadRequest;
+                relaunch_api::names::check_event_kind(kind).map_err(bad)?;
+                relaunch_api::names::check_event_data(data).map_err(bad)?;
+            }
+            relaunch_api::Record::Log { .. } => {}
         }
     }
     let has_logs = batch

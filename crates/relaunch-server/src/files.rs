@@ -179,16 +179,34 @@ pub(crate) async fn commit(
     .await?;
     let manifest: FileManifest = json_body(&bytes, "the file manifest")?;
     check_manifest(&manifest)?;
-    let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
-    // Durable before the manifest names them (one flush for all of them).
-    let missing = on_blobs(&state.files, move |b| {
-        let missing = b.missing(&hashes)?;
+    let chunks = manifest.chunks.clone();
+    // Every chunk stored, with the size the manifest says (so the file
+    // serves exactly `size` bytes), and durable before the manifest names
+    // it (one flush for all of them).
+    let checked = on_blobs(&state.files, move |b| {
+        let mut missing = Vec::new();
+        for (index, chunk) in chunks.iter().enumerate() {
+            match b.size(&chunk.hash)? {
+                None => missing.push(chunk.hash.clone()),
+                Some(stored) if stored != chunk.size => {
+                    return Ok(Err(AppError::BadRequest(format!(
+                        "chunk {index} ({}) is declared as {} bytes, but the stored chunk with \
+                         that hash holds {stored}; the manifest is wrong: list each chunk with \
+                         the size of its bytes",
+                        chunk.hash, chunk.size
+                    ))));
+                }
+                Some(_) => {}
+            }
+        }
         if missing.is_empty() {
+            let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
             b.persist(&hashes)?;
         }
-        Ok(missing)
+        Ok(Ok(missing))
     })
     .await?;
+    let missing = checked?;
     if !missing.is_empty() {
         return Err(AppError::Conflict(format!(
             "{} of the file's {} chunks are not on the server (the first: {}); upload them with \
@@ -225,6 +243,23 @@ fn check_manifest(manifest: &FileManifest) -> Result<(), AppError> {
             "the chunks add up to {total} bytes, but the file's size is {}; the manifest is \
              inconsistent",
             manifest.size
+        )));
+    }
+    // A file of one chunk (or none) is that chunk's bytes: its hash is the
+    // chunk's, known without reading anything. Longer files are checked
+    // whole as they are served (`chunk_stream`).
+    let whole = match manifest.chunks.as_slice() {
+        [] => Some(blake3::hash(b"").to_hex().to_string()),
+        [only] => Some(only.hash.clone()),
+        _ => None,
+    };
+    if let Some(whole) = whole
+        && whole != manifest.blake3
+    {
+        return Err(bad(format!(
+            "the file's blake3 is declared as {}, but its bytes hash to {whole}; commit the \
+             BLAKE3 of the whole file",
+            manifest.blake3
         )));
     }
     Ok(())
@@ -304,7 +339,13 @@ pub(crate) async fn download(
     let body = if length == 0 {
         Body::empty()
     } else {
-        Body::from_stream(chunk_stream(state.files.clone(), chunks, start, end))
+        Body::from_stream(chunk_stream(
+            state.files.clone(),
+            chunks,
+            start,
+            end,
+            info.blake3.clone(),
+        ))
     };
     let mut response = Response::new(body);
     *response.status_mut() = if range.is_some() {
@@ -338,13 +379,18 @@ pub(crate) async fn download(
 }
 
 /// Bytes `start..=end` of a file, read one chunk at a time off the async
-/// threads. A chunk that cannot be read ends the stream with an error, so
-/// the client sees a short body, never wrong bytes.
+/// threads. A chunk that cannot be read, or whose length is not the one
+/// its manifest says, ends the stream with an error (logged), so the client
+/// sees a cut body, never wrong bytes. When the whole file is asked for, its
+/// BLAKE3 is computed on the way and the last chunk is sent only if it is
+/// `blake3`: a commit checks each chunk's hash and size but does not read a
+/// multi-chunk file whole again, so this is where its hash is checked.
 fn chunk_stream(
     files: FileStore,
     chunks: Vec<ChunkRef>,
     start: u64,
     end: u64,
+    blake3: String,
 ) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
     // The chunks that overlap the range, with their offsets in the file.
     let mut offset = 0u64;
@@ -356,22 +402,58 @@ fn chunk_stream(
             wanted.push((from, chunk));
         }
     }
+    let whole = (start == 0 && end + 1 == offset).then(blake3::Hasher::new);
+    let fail = |chunk: &ChunkRef, message: String| {
+        tracing::error!(chunk = %chunk.hash, error = %message, "a download stopped");
+        std::io::Error::other(message)
+    };
     futures_util::stream::unfold(
-        (files, wanted.into_iter()),
-        move |(files, mut wanted)| async move {
-            let (from, chunk) = wanted.next()?;
-            let hash = chunk.hash.clone();
-            let data = match on_blobs(&files, move |b| b.get(&hash)).await {
-                Ok(data) => data,
-                Err(e) => {
-                    tracing::error!(chunk = %chunk.hash, error = %e, "a download stopped");
-                    return Some((Err(std::io::Error::other(e.to_string())), (files, wanted)));
+        (files, wanted.into_iter(), whole),
+        move |(files, mut wanted, mut whole)| {
+            let blake3 = blake3.clone();
+            async move {
+                let (from, chunk) = wanted.next()?;
+                let hash = chunk.hash.clone();
+                let data = match on_blobs(&files, move |b| b.get(&hash)).await {
+                    Ok(data) if data.len() as u64 == chunk.size => data,
+                    Ok(data) => {
+                        let e = fail(
+                            &chunk,
+                            format!(
+                                "chunk {} holds {} bytes, not the {} its file's manifest says",
+                                chunk.hash,
+                                data.len(),
+                                chunk.size
+                            ),
+                        );
+                        return Some((Err(e), (files, wanted, None)));
+                    }
+                    Err(e) => {
+                        let e = fail(&chunk, e.to_string());
+                        return Some((Err(e), (files, wanted, None)));
+                    }
+                };
+                if let Some(hasher) = whole.as_mut() {
+                    hasher.update(&data);
+                    if wanted.len() == 0 {
+                        let actual = hasher.finalize().to_hex();
+                        if actual.as_str() != blake3 {
+                            let e = fail(
+                                &chunk,
+                                format!(
+                                    "the file's bytes hash to {actual}, not the {blake3} its \
+                                 manifest says; upload the file again"
+                                ),
+                            );
+                            return Some((Err(e), (files, wanted, None)));
+                        }
+                    }
                 }
-            };
-            let lo = start.saturating_sub(from) as usize;
-            let hi = ((end + 1).min(from + chunk.size) - from) as usize;
-            let piece = bytes::Bytes::from(data).slice(lo.min(hi)..hi);
-            Some((Ok(piece), (files, wanted)))
+                let lo = start.saturating_sub(from) as usize;
+                let hi = ((end + 1).min(from + chunk.size) - from) as usize;
+                let piece = bytes::Bytes::from(data).slice(lo.min(hi)..hi);
+                Some((Ok(piece), (files, wanted, whole)))
+            }
         },
     )
 }

@@ -357,6 +357,137 @@ async fn a_log_follow_wakes_when_lines_arrive() {
     assert_eq!(got[0].text, "hi");
 }
 
+/// Regression: a batch numbered [1, 3] was stored (then record 2 was
+/// acknowledged and dropped), and numbers above 2^63-1 were clamped.
+#[tokio::test]
+async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let mut gap = loss("w", 0..3);
+    gap.records.remove(1);
+    let (status, body) = server.batch("r", &gap).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body)
+            .error
+            .contains("must be consecutive: 3 follows 1"),
+        "{}",
+        error(&body).error
+    );
+    let mut huge = loss("w", 0..1);
+    huge.records[0].0 = 1 << 63;
+    let (status, body) = server.batch("r", &huge).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body).error.contains("1 to 9223372036854775807"),
+        "{}",
+        error(&body).error
+    );
+    let (_, body) = server.get("/api/v1/runs/r/watermark?writer=w").await;
+    assert_eq!(serde_json::from_slice::<Ack>(&body).unwrap().watermark, 0);
+}
+
+/// Regression: NaN and the infinities were written as JSON null.
+#[tokio::test]
+async fn non_finite_values_are_strings_in_json() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let mut batch = loss("w", 0..3);
+    for ((_, record), v) in
+        batch
+            .records
+            .iter_mut()
+            .zip([f64::NAN, f64::INFINITY, f64::NEG_INFINITY])
+    {
+        if let Record::Metrics { values, .. } = record {
+            values[0].1 = v;
+        }
+    }
+    assert_eq!(server.batch("r", &batch).await.0, StatusCode::OK);
+    let (status, body) = server.get("/api/v1/runs/r/series?key=loss").await;
+    assert_eq!(status, StatusCode::OK);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let values: Vec<&serde_json::Value> = json["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["value"])
+        .collect();
+    assert_eq!(values, ["NaN", "Infinity", "-Infinity"]);
+    let series: Series = serde_json::from_slice(&body).unwrap();
+    assert!(series.points[0].value.is_nan());
+    assert_eq!(series.points[2].min, f64::NEG_INFINITY);
+    let (_, body) = server.get("/api/v1/runs/r/latest").await;
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json[0]["value"], "-Infinity");
+    let (_, body) = server.get("/api/v1/latest?key=loss").await;
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json[0]["value"], "-Infinity", "{json}");
+}
+
+/// Regression: event data that was not JSON, or nested too deep, was
+/// stored and read back as null; writer ids skipped the name rules; event
+/// kinds could hold control characters.
+#[tokio::test]
+async fn event_data_kinds_and_writer_ids_are_checked() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let event = |kind: &str, data: String| Batch {
+        writer: "w".into(),
+        attempt_token: "t".into(),
+        records: vec![(
+            1,
+            Record::Event {
+                kind: kind.into(),
+                wall: 1.0,
+                text: String::new(),
+                data,
+            },
+        )],
+    };
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    for (batch, says) in [
+        (event("note", "{not json".into()), "not valid JSON"),
+        (event("note", deep(65)), "more than 64"),
+        (event("bad\u{1b}[2Jkind", "{}".into()), "printable text"),
+        (
+            Batch {
+                writer: "../w".into(),
+                ..loss("w", 0..1)
+            },
+            "writer id \"../w\" is not allowed",
+        ),
+    ] {
+        let (status, body) = server.batch("r", &batch).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{says}");
+        assert!(error(&body).error.contains(says), "{}", error(&body).error);
+    }
+    let (status, _) = server.batch("r", &event("note", deep(64))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, body) = server.get("/api/v1/runs/r/events").await;
+    let events: Vec<relaunch_api::Event> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].data.to_string(), deep(64));
+}
+
 // --- files ---------------------------------------------------------------
 
 fn hex(data: &[u8]) -> String {
@@ -553,6 +684,119 @@ async fn bad_file_requests_get_clear_errors() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(error(&body).error.contains("64 lowercase hex digits"));
+}
+
+/// Regression: a manifest whose chunk sizes or hash were not those of its
+/// chunks was committed, and its download panicked mid-response (declared
+/// larger) or served truncated bytes (declared smaller).
+#[tokio::test]
+async fn a_manifest_must_match_its_chunks_bytes() {
+    let server = Server::new(None, 1 << 20);
+    server
+        .json(
+            "POST",
+            "/api/v1/runs",
+            serde_json::json!({"id": "r", "attempt_token": "t"}),
+        )
+        .await;
+    let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+    server.put_chunk(&hex(&a), &a).await;
+    server.put_chunk(&hex(&b), &b).await;
+    let manifest = |name: &str, blake3: &str, sizes: [u64; 2]| {
+        serde_json::json!({
+            "name": name,
+            "size": sizes[0] + sizes[1],
+            "blake3": blake3,
+            "chunks": [
+                {"hash": hex(&a), "size": sizes[0]},
+                {"hash": hex(&b), "size": sizes[1]},
+            ],
+        })
+    };
+    for (sizes, says) in [
+        ([4000, 500], "chunk 0 ("),
+        ([1000, 499], "chunk 1 ("),
+        (
+            [999, 500],
+            "declared as 999 bytes, but the stored chunk with that hash holds 1000",
+        ),
+    ] {
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/runs/r/files",
+                manifest("x", &hex(&whole), sizes),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{sizes:?}");
+        assert!(error(&body).error.contains(says), "{}", error(&body).error);
+    }
+    assert_eq!(
+        server.get("/api/v1/runs/r/files/x").await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // One chunk: the file's hash is the chunk's, checked at commit.
+    let one = serde_json::json!({
+        "name": "one", "size": 1000, "blake3": hex(&b),
+        "chunks": [{"hash": hex(&a), "size": 1000}],
+    });
+    let (status, body) = server.json("POST", "/api/v1/runs/r/files", one).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        error(&body).error.contains("its bytes hash to"),
+        "{}",
+        error(&body).error
+    );
+    let empty = serde_json::json!({"name": "e", "size": 0, "blake3": hex(&a), "chunks": []});
+    let (status, _) = server.json("POST", "/api/v1/runs/r/files", empty).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Several chunks with a wrong whole hash: the full download is cut
+    // before its last bytes; a range is served (the reader checks the whole).
+    let (status, _) = server
+        .json(
+            "POST",
+            "/api/v1/runs/r/files",
+            manifest("lie", &hex(b"lie"), [1000, 500]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let response = router(server.state.clone())
+        .oneshot(
+            Request::builder()
+                .uri("/api/v1/runs/r/files/lie")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .is_err()
+    );
+    let (status, body, _) = server.range("/api/v1/runs/r/files/lie", "bytes=0-9").await;
+    assert_eq!(
+        (status, body),
+        (StatusCode::PARTIAL_CONTENT, whole[..10].to_vec())
+    );
+
+    // The true manifest commits and reads back whole.
+    let (status, _) = server
+        .json(
+            "POST",
+            "/api/v1/runs/r/files",
+            manifest("x", &hex(&whole), [1000, 500]),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        server.get("/api/v1/runs/r/files/x").await,
+        (StatusCode::OK, whole)
+    );
 }
 
 /// The dashboard's pages are static and open; the data they show is not.

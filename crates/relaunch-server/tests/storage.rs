@@ -324,6 +324,215 @@ fn a_gap_after_the_watermark_is_refused_and_nothing_is_stored() {
     });
 }
 
+/// Regression: a batch numbered [1, 3] was stored, and record 2, sent
+/// later, acknowledged and dropped.
+#[test]
+fn a_gap_inside_a_batch_is_refused_and_nothing_is_stored() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let mut gap = metrics("w", 1, "loss", 0..3, 0);
+        gap.records.remove(1);
+        let err = s.ingest("r", &gap, 1.0).unwrap_err();
+        assert!(
+            matches!(&err, StorageError::Invalid(m) if m.contains("3 follows 1")),
+            "{err}"
+        );
+        assert_eq!(s.watermark("r", "w").unwrap(), 0);
+        assert!(s.keys("r").unwrap().is_empty());
+        // Sent whole, every record is stored.
+        let ack = s.ingest("r", &metrics("w", 1, "loss", 0..3, 0), 2.0);
+        assert_eq!(ack.unwrap().watermark, 3);
+        assert_eq!(s.series("r", &all("loss")).unwrap().total, 3);
+    });
+}
+
+/// Regression: sequence numbers above 2^63-1 were clamped when stored (the
+/// answer said one watermark, the database held another), so a resend was
+/// stored again.
+#[test]
+fn sequence_numbers_are_stored_exactly_up_to_the_limit() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let max = relaunch_api::batch::MAX_SEQ;
+        for seq in [0, max + 1, u64::MAX] {
+            let err = s
+                .ingest("r", &metrics("w", seq, "loss", 0..1, 0), 1.0)
+                .unwrap_err();
+            assert!(
+                matches!(&err, StorageError::Invalid(m) if m.contains("9223372036854775807")),
+                "{err}"
+            );
+        }
+        // Across the limit inside one batch.
+        let err = s.ingest("r", &metrics("w", max, "loss", 0..2, 0), 1.0);
+        assert!(matches!(err, Err(StorageError::Invalid(_))));
+        assert_eq!(s.watermark("r", "w").unwrap(), 0);
+    });
+}
+
+/// Regression: a point at step 2^63-1 was stored and shown by `latest`
+/// but never returned by series reads (the largest step stood for "no
+/// limit"). Every i64 is a step, read back whole, in a range and across
+/// attempts.
+#[test]
+fn every_step_value_reads_back() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let steps = [i64::MIN, -5, 0, 7, i64::MAX];
+        let batch = |token: &str, first: u64, steps: &[i64]| Batch {
+            writer: format!("w-{token}"),
+            attempt_token: token.into(),
+            records: steps
+                .iter()
+                .enumerate()
+                .map(|(i, &step)| {
+                    (
+                        first + i as u64,
+                        Record::Metrics {
+                            step,
+                            wall: 0.0,
+                            rank: 0,
+                            values: vec![("x".into(), i as f64)],
+                        },
+                    )
+                })
+                .collect(),
+        };
+        s.ingest("r", &batch("t0", 1, &steps), 1.0).unwrap();
+        let read = |q: SeriesQuery| -> Vec<i64> {
+            s.series("r", &q)
+                .unwrap()
+                .points
+                .iter()
+                .map(|p| p.step)
+                .collect()
+        };
+        assert_eq!(read(all("x")), steps);
+        let range = |lo, hi| SeriesQuery {
+            min_step: lo,
+            max_step: hi,
+            ..all("x")
+        };
+        assert_eq!(read(range(Some(i64::MAX), Some(i64::MAX))), [i64::MAX]);
+        assert_eq!(read(range(Some(i64::MIN), Some(i64::MIN))), [i64::MIN]);
+        assert_eq!(read(range(Some(0), None)), [0, 7, i64::MAX]);
+        assert_eq!(read(range(None, Some(-5))), [i64::MIN, -5]);
+        // Downsampled, the extreme steps keep their buckets.
+        let two = SeriesQuery {
+            buckets: 2,
+            ..all("x")
+        };
+        let buckets = s.series("r", &two).unwrap();
+        assert_eq!(buckets.total, 5);
+        assert_eq!(buckets.points.last().unwrap().step, i64::MAX);
+        let latest = s.latest("r").unwrap();
+        assert_eq!(latest[0].step, i64::MAX);
+
+        // A newer attempt that starts at i64::MAX replaces only that step.
+        s.open_run(&init("p", Some("r"), "t1"), 2.0).unwrap();
+        s.ingest("r", &batch("t1", 1, &[i64::MAX]), 3.0).unwrap();
+        let series = s.series("r", &all("x")).unwrap();
+        let shown: Vec<(i64, u32)> = series.points.iter().map(|p| (p.step, p.attempt)).collect();
+        assert_eq!(
+            shown,
+            [(i64::MIN, 0), (-5, 0), (0, 0), (7, 0), (i64::MAX, 1)]
+        );
+    });
+}
+
+/// Regression: NaN and the infinities read back as nothing (JSON null) or
+/// as NaN. Each reads back as itself, in full reads, in buckets (whose
+/// extremes skip NaN) and in `latest`.
+#[test]
+fn non_finite_values_read_back_as_themselves() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let values = [
+            1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            2.0,
+            f64::NAN,
+        ];
+        let batch = Batch {
+            writer: "w".into(),
+            attempt_token: "t0".into(),
+            records: values
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    (
+                        i as u64 + 1,
+                        Record::Metrics {
+                            step: i as i64,
+                            wall: 0.0,
+                            rank: 0,
+                            values: vec![("x".into(), v), ("nan".into(), f64::NAN)],
+                        },
+                    )
+                })
+                .collect(),
+        };
+        s.ingest("r", &batch, 1.0).unwrap();
+        let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let series = s.series("r", &all("x")).unwrap();
+        let read: Vec<f64> = series.points.iter().map(|p| p.value).collect();
+        assert_eq!(bits(&read), bits(&values));
+        // Two buckets of three: last values, extremes without NaN.
+        let two = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 2,
+                    ..all("x")
+                },
+            )
+            .unwrap();
+        let b: Vec<(f64, f64, f64, u64)> = two
+            .points
+            .iter()
+            .map(|p| (p.value, p.min, p.max, p.count))
+            .collect();
+        assert_eq!(b[0], (f64::INFINITY, 1.0, f64::INFINITY, 3));
+        assert_eq!((b[1].1, b[1].2, b[1].3), (f64::NEG_INFINITY, 2.0, 3));
+        assert!(b[1].0.is_nan());
+        // One bucket: the chunk's stored summary.
+        let one = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 1,
+                    ..all("x")
+                },
+            )
+            .unwrap();
+        let p = &one.points[0];
+        assert_eq!(
+            (p.min, p.max, p.count),
+            (f64::NEG_INFINITY, f64::INFINITY, 6)
+        );
+        assert!(p.value.is_nan());
+        // All NaN: NaN everywhere, not infinities or zeros.
+        let nan = s
+            .series(
+                "r",
+                &SeriesQuery {
+                    buckets: 2,
+                    ..all("nan")
+                },
+            )
+            .unwrap();
+        assert!(
+            nan.points
+                .iter()
+                .all(|p| p.value.is_nan() && p.min.is_nan() && p.max.is_nan())
+        );
+        let latest = s.latest("r").unwrap();
+        assert!(latest.iter().find(|l| l.key == "x").unwrap().value.is_nan());
+    });
+}
+
 #[test]
 fn writers_are_independent() {
     each_backend(|s, _| {

@@ -64,6 +64,16 @@ async fn not_found(client: &Client, args: &MetricsArgs) -> anyhow::Error {
     }
 }
 
+/// A value as CSV writes it: `nan`, `inf` and `-inf` for the non-finite
+/// ones (what pandas and numpy read back as themselves).
+fn csv_value(value: f64) -> String {
+    if value.is_nan() {
+        "nan".into()
+    } else {
+        number(value)
+    }
+}
+
 /// `step,value,wall,attempt`, and `min,max,count` after them when the
 /// series came back downsampled (one row per bucket).
 fn csv(series: &Series) -> String {
@@ -76,12 +86,17 @@ fn csv(series: &Series) -> String {
         s.push_str(&format!(
             "{},{},{},{}",
             p.step,
-            number(p.value),
+            csv_value(p.value),
             p.wall,
             p.attempt
         ));
         if series.downsampled {
-            s.push_str(&format!(",{},{},{}", number(p.min), number(p.max), p.count));
+            s.push_str(&format!(
+                ",{},{},{}",
+                csv_value(p.min),
+                csv_value(p.max),
+                p.count
+            ));
         }
         s.push('\n');
     }
@@ -120,6 +135,18 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn non_finite_values_are_nan_inf_and_minus_inf() {
+        let mut s = series(true);
+        s.points[0].value = f64::NAN;
+        s.points[0].min = f64::NEG_INFINITY;
+        s.points[0].max = f64::INFINITY;
+        assert_eq!(
+            csv(&s).lines().nth(1).unwrap(),
+            "4,nan,1700000000.5,0,-inf,inf,10"
+        );
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub trait BlobStore: Send + Sync + 'static {
     /// but it may not survive power loss until [`persist`](Self::persist).
     fn put(&self, hash: &str, data: &[u8]) -> Result<(), StorageError>;
 
+    /// The stored length of chunk `hash`, `None` if it is not stored. A
+    /// commit checks each chunk's declared size against it, so a manifest
+    /// never makes a file whose bytes differ from its size.
+    fn size(&self, hash: &str) -> Result<Option<u64>, StorageError>;
+
     /// Makes the stored chunks `hashes` durable. A file's manifest commits
     /// only after its chunks are persisted, so a committed file never
     /// names a chunk that a power loss could take away.
@@ -132,6 +137,20 @@ impl BlobStore for DirBlobs {
             }
         }
         Ok(missing)
+    }
+
+    fn size(&self, hash: &str) -> Result<Option<u64>, StorageError> {
+        let path = self.path(hash)?;
+        // Final, else staged, else final again, as `read` looks.
+        for candidate in [path.clone(), self.staged(hash), path] {
+            match fs::metadata(&candidate) {
+                Ok(meta) if meta.is_file() => return Ok(Some(meta.len())),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("look at", &candidate)(e)),
+            }
+        }
+        Ok(None)
     }
 
     fn put(&self, hash: &str, data: &[u8]) -> Result<(), StorageError> {
@@ -290,8 +309,10 @@ mod tests {
             blobs.missing(&[hash.clone(), other.clone()]).unwrap(),
             [hash.clone(), other.clone()]
         );
+        assert_eq!(blobs.size(&hash).unwrap(), None);
         blobs.put(&hash, &data).unwrap();
         blobs.put(&hash, &data).unwrap();
+        assert_eq!(blobs.size(&hash).unwrap(), Some(data.len() as u64));
         assert_eq!(
             blobs.missing(&[hash.clone(), other.clone()]).unwrap(),
             [other]
@@ -304,6 +325,7 @@ mod tests {
         blobs.persist(std::slice::from_ref(&hash)).unwrap(); // twice is fine
         assert!(!staged.exists() && stored.is_file());
         assert_eq!(blobs.get(&hash).unwrap(), data);
+        assert_eq!(blobs.size(&hash).unwrap(), Some(data.len() as u64));
         assert!(
             blobs
                 .missing(std::slice::from_ref(&hash))

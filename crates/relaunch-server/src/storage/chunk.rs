@@ -20,6 +20,8 @@ pub struct Point {
 }
 
 /// The first and last step, count, extremes and last value of some points.
+/// The extremes ignore NaN (NaN when every value is); the last value may be
+/// NaN; the infinities count as values.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
     pub first_step: i64,
@@ -35,11 +37,11 @@ impl Summary {
     pub fn of(points: &[Point]) -> Option<Self> {
         let first = points.first()?;
         let last = points.last()?;
-        let (min, max) = points
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-                (lo.min(p.value), hi.max(p.value))
-            });
+        // `f64::min`/`max` skip NaN: the extremes of the values that are not
+        // NaN, and NaN only when all of them are.
+        let (min, max) = points.iter().fold((f64::NAN, f64::NAN), |(lo, hi), p| {
+            (lo.min(p.value), hi.max(p.value))
+        });
         Some(Self {
             first_step: first.step,
             last_step: last.step,
@@ -159,6 +161,17 @@ mod tests {
         assert_eq!(blocks[0], Summary::of(&points[..64]).unwrap());
         assert_eq!(blocks[3].count, 8);
         assert!(decode_points(&[0; 5]).is_err());
+    }
+
+    #[test]
+    fn extremes_skip_nan_and_keep_the_infinities() {
+        let s = Summary::of(&[p(0, f64::NAN), p(1, 2.0), p(2, f64::NAN)]).unwrap();
+        assert_eq!((s.min, s.max, s.count), (2.0, 2.0, 3));
+        assert!(s.last_value.is_nan());
+        let s = Summary::of(&[p(0, f64::NAN), p(1, f64::NAN)]).unwrap();
+        assert!(s.min.is_nan() && s.max.is_nan());
+        let s = Summary::of(&[p(0, f64::NEG_INFINITY), p(1, 1.0), p(2, f64::INFINITY)]).unwrap();
+        assert_eq!((s.min, s.max), (f64::NEG_INFINITY, f64::INFINITY));
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //! a step shows, and reduction to at most N buckets that keep each bucket's
 //! min, max and last value.
 //!
+//! Non-finite values: a bucket's value is its last point's, NaN included
+//! (a chart shows a gap there); its min and max skip NaN (one NaN does not
+//! poison a band) and are NaN only when every value in the bucket is; the
+//! infinities are values like any other and count in min and max.
+//!
 //! A resumed attempt replaces what earlier attempts logged from the step it
 //! resumed at: attempt `a`'s values at steps at or past the first step of
 //! any newer attempt are hidden (they belong to an abandoned branch), unless
@@ -61,10 +66,19 @@ pub fn assemble(
     } else {
         cuts(&chunks)
     };
-    let cut = |attempt: u32| cuts.get(&attempt).copied().unwrap_or(i64::MAX);
+    // Whether `step` of `attempt` comes before the first step of a newer
+    // attempt (always, when there is none: every i64 is a step, i64::MAX
+    // included, so no step value stands for "no limit").
+    let before_cut = |attempt: u32, step: i64| {
+        cuts.get(&attempt)
+            .copied()
+            .flatten()
+            .is_none_or(|cut| step < cut)
+    };
+    // Inclusive bounds: the full i64 range when absent.
     let lo = query.min_step.unwrap_or(i64::MIN);
     let hi = query.max_step.unwrap_or(i64::MAX);
-    let visible = |attempt: u32, step: i64| step >= lo && step <= hi && step < cut(attempt);
+    let visible = |attempt: u32, step: i64| step >= lo && step <= hi && before_cut(attempt, step);
 
     // Whole chunks, and the visible points of partly visible ones.
     let mut whole: Vec<&ChunkMeta> = Vec::new();
@@ -72,10 +86,10 @@ pub fn assemble(
     let mut total = 0u64;
     for c in &chunks {
         let s = c.summary;
-        if s.last_step < lo || s.first_step > hi || s.first_step >= cut(c.attempt) {
+        if s.last_step < lo || s.first_step > hi || !before_cut(c.attempt, s.first_step) {
             continue;
         }
-        if s.first_step >= lo && s.last_step <= hi && s.last_step < cut(c.attempt) {
+        if s.first_step >= lo && s.last_step <= hi && before_cut(c.attempt, s.last_step) {
             total += s.count;
             whole.push(c);
         } else {
@@ -188,8 +202,8 @@ pub fn assemble(
 }
 
 /// For each attempt, the first step of any newer attempt: where its values
-/// stop counting.
-fn cuts(chunks: &[&ChunkMeta]) -> HashMap<u32, i64> {
+/// stop counting (`None` for the newest: nowhere).
+fn cuts(chunks: &[&ChunkMeta]) -> HashMap<u32, Option<i64>> {
     // (order, attempt) -> the attempt's first step.
     let mut starts: BTreeMap<(u32, u32), i64> = BTreeMap::new();
     for c in chunks {
@@ -197,10 +211,10 @@ fn cuts(chunks: &[&ChunkMeta]) -> HashMap<u32, i64> {
         *start = (*start).min(c.summary.first_step);
     }
     let mut cuts = HashMap::new();
-    let mut newer_min = i64::MAX;
+    let mut newer_min: Option<i64> = None;
     for (&(_, attempt), &start) in starts.iter().rev() {
         cuts.insert(attempt, newer_min);
-        newer_min = newer_min.min(start);
+        newer_min = Some(newer_min.map_or(start, |m| m.min(start)));
     }
     cuts
 }

@@ -66,7 +66,10 @@ pub trait Storage: Send + Sync + 'static {
     /// watermark, atomically: each record is stored exactly once however
     /// often the batch is sent. A batch whose first new record does not
     /// follow the watermark is a [`StorageError::Conflict`] (records would
-    /// be missing). When this returns, the records are durable.
+    /// be missing). A batch whose own sequence numbers have a gap, or
+    /// fall outside `1..=2^63-1`, is [`StorageError::Invalid`]
+    /// ([`Batch::check_sequence`]). When this returns, the records are
+    /// durable.
     fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError>;
 
     /// The highest sequence number stored for `writer` (0 if none).

@@ -1068,6 +1068,9 @@ fn attempt_order(conn: &Connection, run: &str) -> Result<HashMap<u32, u32>, Stor
 }
 
 fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+    batch
+        .check_sequence()
+        .map_err(|e| StorageError::Invalid(e.to_string()))?;
     get_run(conn, run)?;
     let mark = watermark(conn, run, &batch.writer)?;
     let fresh: Vec<&(u64, Record)> = batch
@@ -1225,7 +1228,9 @@ fn store_chunk(
     let Some(s) = Summary::of(points) else {
         return Ok(());
     };
-    let finite = |v: f64| v.is_finite().then_some(v);
+    // SQLite keeps the infinities as REAL but has no NaN: NaN is NULL, read
+    // back as NaN.
+    let finite = |v: f64| (!v.is_nan()).then_some(v);
     conn.prepare_cached(
         "INSERT INTO chunks(key_id, rank, attempt, first_step, last_step, count, vmin, vmax, last_value, last_wall, blocks, points) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
