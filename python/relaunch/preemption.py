@@ -76,6 +76,7 @@ _state = {
     "last_call": None,  # monotonic time of the previous reached() call
     "step_time": None,  # moving average of the time between calls
     "store": None,
+    "interrupts": 0,  # SIGINTs received
 }
 
 
@@ -95,9 +96,13 @@ def _signals() -> list[signal.Signals]:
 
 
 def _handler(signum: int, frame: object) -> None:
-    if _flag.is_set() and signum == signal.SIGINT:
-        # A second Ctrl-C means now.
-        raise KeyboardInterrupt
+    if signum == signal.SIGINT:
+        # A second Ctrl-C means now. Counted, not read from the flag: the
+        # store may have set the flag before the launcher's forwarded
+        # SIGINT (the first one) arrives here.
+        _state["interrupts"] += 1
+        if _state["interrupts"] > 1:
+            raise KeyboardInterrupt
     _flag.set()
 
 

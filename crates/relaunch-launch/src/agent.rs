@@ -11,7 +11,7 @@ use crate::console::{Console, ConsoleSender};
 use crate::coordinate::{Coordinator, Remote, RemoteEvent};
 use crate::env::AttemptEnv;
 use crate::error::LaunchError;
-use crate::group::WorkerGroup;
+use crate::group::{Exit, WorkerGroup};
 use crate::job_store::JobStore;
 use crate::keys;
 use crate::logs::LogLayout;
@@ -25,6 +25,13 @@ use crate::{Outcome, orphans};
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
+/// A stopping signal this soon after the first is the same request.
+const SAME_REQUEST: Duration = Duration::from_millis(200);
+
+/// How long, once every process of the attempt is gone, the launcher reads
+/// what is still buffered of the workers' output.
+const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
+
 /// How one attempt ended.
 enum AttemptEnd {
     Succeeded,
@@ -33,10 +40,11 @@ enum AttemptEnd {
         failures: Vec<Failure>,
         remote: Option<RemoteEvent>,
     },
-    /// A signal told the job to stop.
+    /// A signal told the job to stop; `failures` are the workers that did
+    /// not then exit with code 0.
     Stopped {
         signal: Signal,
-        clean: bool,
+        failures: Vec<Failure>,
     },
 }
 
@@ -99,13 +107,21 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
                 EndKind::Failed,
                 format!("workers failed with no restart left ({restarts} allowed)"),
             ),
-            Ok(Outcome::Stopped { signal, clean }) => (
+            Ok(Outcome::Stopped {
+                signal,
+                clean: true,
+            }) => (
                 EndKind::Preempted,
-                if *clean {
-                    format!("stopped by {signal}; every worker exited cleanly")
-                } else {
-                    format!("stopped by {signal}; not every worker exited cleanly")
-                },
+                format!("stopped by {signal}; every worker exited cleanly"),
+            ),
+            // Not a preemption a requeue can resume from: the run says
+            // what happened (the `worker_failed` event names the ranks).
+            Ok(Outcome::Stopped {
+                signal,
+                clean: false,
+            }) => (
+                EndKind::Failed,
+                format!("stopped by {signal}; not every worker exited cleanly"),
             ),
             Err(e) => (EndKind::Failed, format!("the launcher failed: {e}")),
         };
@@ -248,8 +264,21 @@ async fn run_attempts(
             let remote = coordinator.remote(config, store, &attempt, number).await?;
             supervise(config, store, &mut group, signals, remote, out).await
         };
-        group.drain().await;
-        orphans::kill_and_reap(&group.pids());
+        // What is left of the workers' process groups (their DataLoader
+        // workers, their shells' jobs) ends with them; processes in other
+        // sessions (daemons, logging services) get the stop signal and the
+        // grace period first. Then nothing of the attempt is running, and
+        // its output is complete.
+        group.kill_all();
+        let second_signal = async { while !stops_the_job(signals.recv().await) {} };
+        orphans::stop_leftovers(
+            &group.pids(),
+            Signal::SIGTERM,
+            config.shutdown_timeout,
+            second_signal,
+        )
+        .await;
+        group.drain(DRAIN_PATIENCE).await;
         let this = number;
         number += 1;
         let (failures, remote) = match end {
@@ -265,7 +294,18 @@ async fn run_attempts(
                     None => Outcome::Succeeded,
                 });
             }
-            AttemptEnd::Stopped { signal, clean } => {
+            AttemptEnd::Stopped { signal, failures } => {
+                let clean = failures.is_empty();
+                if !clean {
+                    let text = unclean_stop(signal, &failures, config.shutdown_timeout);
+                    out.notice(text.clone());
+                    if let Some(tracker) = tracker.as_mut() {
+                        tracker.worker_failed(
+                            &text,
+                            stop_failure_data(&failures, place.node_rank, hostname),
+                        );
+                    }
+                }
                 coordinator.finish(config, store, &attempt, this).await;
                 return Ok(Outcome::Stopped { signal, clean });
             }
@@ -360,16 +400,18 @@ async fn supervise(
             biased;
             exit = group.next_exit() => match (exit, asked) {
                 (None, None) => return AttemptEnd::Succeeded,
-                (None, Some(signal)) => return AttemptEnd::Stopped { signal, clean: group.all_succeeded() },
+                (None, Some(signal)) => return AttemptEnd::Stopped { signal, failures: stop_failures(group) },
                 (Some(exit), _) if exit.kind.success() => {}
                 (Some(exit), Some(signal)) => {
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker ended while stopping");
-                    let clean = stop_after_signal(config, group, signals).await;
-                    return AttemptEnd::Stopped { signal, clean };
+                    worker_failed(store, &config.run_id, group, exit).await;
+                    stop_after_signal(config, group, signals).await;
+                    return AttemptEnd::Stopped { signal, failures: stop_failures(group) };
                 }
                 (Some(exit), None) => {
                     let running = running_ranks(group);
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker failed; stopping the others");
+                    worker_failed(store, &config.run_id, group, exit).await;
                     group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
                     return AttemptEnd::Failed {
                         // Those still running got SIGTERM (then SIGKILL);
@@ -395,8 +437,8 @@ async fn supervise(
                          (send it again to kill them now)",
                         config.shutdown_timeout
                     ));
-                    let clean = stop_after_signal(config, group, signals).await;
-                    return AttemptEnd::Stopped { signal, clean };
+                    stop_after_signal(config, group, signals).await;
+                    return AttemptEnd::Stopped { signal, failures: stop_failures(group) };
                 }
                 out.notice(format!("relaunch: {signal}: passed to every worker"));
             }
@@ -465,21 +507,96 @@ async fn announce_preemption(store: &JobStore, run_id: &str, signal: Signal) {
     }
 }
 
+/// A worker failed: what is left of its process group dies at once (its
+/// DataLoader workers hold its sockets, and its peers would wait on them),
+/// and the job's store says who failed, so ranks blocked in relaunch's own
+/// agreement give up now. Bounded: a store that does not answer must not
+/// delay stopping the others.
+async fn worker_failed(store: &JobStore, run_id: &str, group: &WorkerGroup, exit: Exit) {
+    group.kill_group_of(exit.local_rank);
+    let text = format!(
+        "{} exited with {}",
+        group.describe(exit.local_rank),
+        exit.kind.describe()
+    );
+    let key = keys::failed(run_id);
+    let set = store.client.compare_set(&key, "", text.as_str());
+    match tokio::time::timeout(Duration::from_secs(2), set).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce a worker's failure in the store"),
+        Err(_) => {
+            tracing::warn!("the store did not answer in 2 s; a worker's failure is not announced")
+        }
+    }
+}
+
+/// The workers that did not exit with code 0 after a stop request.
+fn stop_failures(group: &WorkerGroup) -> Vec<Failure> {
+    group.failures(|_, how| how == ExitKind::Signal(Signal::SIGKILL as i32))
+}
+
+/// What the console and the run say when a stop was not clean.
+fn unclean_stop(signal: Signal, failures: &[Failure], grace: Duration) -> String {
+    let mut text = format!("relaunch: stopped by {signal}, but not every worker exited cleanly:");
+    for f in failures {
+        let how = if f.stopped_by_launcher {
+            format!("killed after the {grace:.0?} grace period")
+        } else {
+            f.exit.describe()
+        };
+        text.push_str(&format!(
+            "\n  rank {} (local rank {}, pid {}): {how}",
+            f.global_rank, f.local_rank, f.pid
+        ));
+        if let Some(error) = &f.error {
+            text.push_str(&format!(": {}", error.message));
+        }
+    }
+    text
+}
+
+/// The workers of an unclean stop as event data.
+fn stop_failure_data(failures: &[Failure], node_rank: usize, hostname: &str) -> serde_json::Value {
+    let ranks: Vec<_> = failures
+        .iter()
+        .map(|f| {
+            serde_json::json!({
+                "rank": f.global_rank,
+                "local_rank": f.local_rank,
+                "pid": f.pid,
+                "exit": f.exit.describe(),
+                "killed_after_grace": f.stopped_by_launcher,
+                "error": f.error.as_ref().map(|e| e.message.clone()),
+                "stderr_log": f.stderr_log.display().to_string(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "node_rank": node_rank, "host": hostname, "stop": true, "ranks": ranks })
+}
+
 /// After a stopping signal was forwarded: waits for the workers up to the
 /// shutdown timeout (a second stopping signal cuts it short), then kills
-/// the rest. Returns whether every worker exited with code 0.
-async fn stop_after_signal(
-    config: &LaunchConfig,
-    group: &mut WorkerGroup,
-    signals: &mut Signals,
-) -> bool {
-    let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+/// the rest.
+async fn stop_after_signal(config: &LaunchConfig, group: &mut WorkerGroup, signals: &mut Signals) {
+    let asked = tokio::time::Instant::now();
+    let deadline = asked + config.shutdown_timeout;
     loop {
         tokio::select! {
             exit = group.next_exit() => if exit.is_none() { break },
-            () = tokio::time::sleep_until(deadline) => break,
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::info!(grace = ?config.shutdown_timeout, "the shutdown grace period is over");
+                break;
+            }
             signal = signals.recv() => {
                 if stops_the_job(signal) {
+                    // One request delivered twice at once (a scheduler that
+                    // signals the launcher and every process of the step,
+                    // the launcher included) is not a second request.
+                    if asked.elapsed() < SAME_REQUEST {
+                        tracing::debug!(%signal, "the stop request again, at once; ignored");
+                        continue;
+                    }
+                    tracing::info!(%signal, "a second stop request: killing the workers now");
                     break;
                 }
                 group.signal_all(signal);
@@ -488,7 +605,6 @@ async fn stop_after_signal(
     }
     // Kills what is left (nothing, when all exited) and their process groups.
     group.stop(Signal::SIGKILL, Duration::ZERO).await;
-    group.all_succeeded()
 }
 
 fn running_ranks(group: &WorkerGroup) -> BTreeSet<usize> {

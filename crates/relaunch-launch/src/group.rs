@@ -241,7 +241,29 @@ impl WorkerGroup {
         }
     }
 
-    fn kill_all(&self) {
+    /// Kills what is left of the process group of a worker that has
+    /// exited: its DataLoader workers and other children, which may hold
+    /// its sockets (gloo's) open and keep its peers waiting.
+    pub fn kill_group_of(&self, local_rank: usize) {
+        if let Some(m) = self.members.get(local_rank).filter(|m| m.exit.is_some()) {
+            worker::signal_group(m.pid, Signal::SIGKILL);
+        }
+    }
+
+    /// Global rank, local rank and node of a worker, as text.
+    pub fn describe(&self, local_rank: usize) -> String {
+        match self.members.get(local_rank) {
+            Some(m) => format!(
+                "rank {} (node {}, local rank {})",
+                m.place.global_rank, m.place.node_rank, m.place.local_rank
+            ),
+            None => format!("local rank {local_rank}"),
+        }
+    }
+
+    /// SIGKILL to every worker's process group: what is left of it once
+    /// its worker has exited.
+    pub fn kill_all(&self) {
         for m in &self.members {
             worker::signal_group(m.pid, Signal::SIGKILL);
         }
@@ -268,9 +290,20 @@ impl WorkerGroup {
         self.kill_all();
     }
 
-    /// Waits until every worker's output has been written out.
-    pub async fn drain(&mut self) {
-        while self.tasks.join_next().await.is_some() {}
+    /// Waits until every worker's output has been written out, at most
+    /// `patience`: a process that is not the launcher's to kill (it left
+    /// the launcher's process tree) may hold a worker's output open, and
+    /// the launcher must not wait on it forever.
+    pub async fn drain(&mut self, patience: Duration) {
+        let drained = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(patience, drained).await.is_err() {
+            tracing::warn!(
+                ?patience,
+                "a worker's output is still held open by a process outside the job; stopped reading it"
+            );
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
     }
 
     /// Every worker that did not exit with code 0, with what is known of why.

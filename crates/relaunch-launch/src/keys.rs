@@ -54,6 +54,14 @@ pub fn preempt(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/preempt")
 }
 
+/// Set by a launcher as soon as one of its workers failed, before it stops
+/// the others; its value says which rank and how. Ranks blocked in
+/// relaunch's own agreement (`relaunch.Checkpointer`) check it, so they give
+/// up on a dead peer within a second instead of waiting out their timeout.
+pub fn failed(run_id: &str) -> String {
+    format!("relaunch/{run_id}/workers/failed")
+}
+
 /// The step at which every rank stops, agreed by `relaunch.preemption.reached`:
 /// the first rank to propose one sets it with COMPARE_SET; the others adopt it.
 pub fn stop_step(run_id: &str) -> String {
@@ -70,6 +78,7 @@ mod tests {
         assert!(is_launcher_key(b"relaunch/r/rdzv/round/0/joined"));
         assert!(!is_launcher_key(preempt("r").as_bytes()));
         assert!(!is_launcher_key(stop_step("r").as_bytes()));
+        assert!(!is_launcher_key(failed("r").as_bytes()));
         assert!(!is_launcher_key(b"/worker/attempt_0/rank_0"));
         assert!(!is_launcher_key(b"default_pg/0//cpu//0/0"));
     }

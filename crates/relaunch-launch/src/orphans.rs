@@ -1,7 +1,10 @@
 //! Processes left behind by workers. The launcher is a subreaper, so a
 //! worker's children that outlive it (DataLoader workers, a shell's
-//! background jobs) become the launcher's children; this finds them after
-//! an attempt, kills them and reaps them.
+//! background jobs, a daemon started in a session of its own such as a
+//! logging service) become the launcher's children; this finds them after
+//! an attempt, stops them as it stops workers (the stop signal, a grace
+//! period, then SIGKILL) and reaps them, so the launcher never waits on a
+//! process that is not one of its workers.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +14,86 @@ use nix::unistd::Pid;
 
 /// How long to wait for killed orphans to be reaped.
 const REAP_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How often a waiting stop looks for leftovers that have exited.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Stops every child of this process that is not in `workers`: `signal` to
+/// each and to its process group, up to `grace` for them to exit (a
+/// future `cut_short` that completes ends the wait), then SIGKILL; every
+/// one is reaped. Leftovers of leftovers (reparented here as their parents
+/// die) are found and stopped too. Returns how many were found.
+pub(crate) async fn stop_leftovers(
+    workers: &[Pid],
+    signal: Signal,
+    grace: Duration,
+    cut_short: impl std::future::Future<Output = ()>,
+) -> usize {
+    let me = nix::unistd::getpid();
+    let find = || -> Vec<Pid> {
+        children_of(me)
+            .into_iter()
+            .filter(|pid| !workers.contains(pid))
+            .collect()
+    };
+    let mut left = find();
+    if left.is_empty() {
+        return 0;
+    }
+    let mut found = left.len();
+    tracing::info!(
+        count = left.len(),
+        %signal,
+        ?grace,
+        "stopping processes that workers left behind"
+    );
+    for &pid in &left {
+        send(pid, signal);
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    tokio::pin!(cut_short);
+    loop {
+        left.retain(|&pid| !reaped(pid));
+        for pid in find() {
+            if !left.contains(&pid) {
+                found += 1;
+                send(pid, signal);
+                left.push(pid);
+            }
+        }
+        if left.is_empty() {
+            return found;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = tokio::time::sleep_until(deadline) => break,
+            () = &mut cut_short => break,
+        }
+    }
+    tracing::warn!(
+        count = left.len(),
+        "processes that workers left behind still running; sending SIGKILL"
+    );
+    kill_and_reap(workers);
+    found
+}
+
+/// `signal` to a leftover and, when it leads one, its process group (a
+/// daemon in a session of its own takes its children with it).
+fn send(pid: Pid, signal: Signal) {
+    let _ = nix::sys::signal::kill(pid, signal);
+    if nix::unistd::getpgid(Some(pid)).is_ok_and(|group| group == pid) {
+        let _ = nix::sys::signal::killpg(pid, signal);
+    }
+}
+
+/// Whether `pid` has exited and is now reaped (or was never ours).
+fn reaped(pid: Pid) -> bool {
+    !matches!(
+        waitpid(pid, Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::StillAlive)
+    )
+}
 
 /// Kills and reaps every child of this process that is not in `workers`.
 pub(crate) fn kill_and_reap(workers: &[Pid]) {
@@ -27,7 +110,7 @@ pub(crate) fn kill_and_reap(workers: &[Pid]) {
         "killing processes that workers left behind"
     );
     for &pid in &orphans {
-        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        send(pid, Signal::SIGKILL);
     }
     let deadline = Instant::now() + REAP_PATIENCE;
     let mut left = orphans;
