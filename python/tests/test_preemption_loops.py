@@ -1,0 +1,201 @@
+"""Preemption of training loops as people write them: DataLoader worker
+processes of every start method, persistent or not, pinned memory, and the
+stop signal arriving every way a scheduler sends it. Every rank must stop at
+the agreed step with exit code 75 and its checkpoint saved (no step lost),
+and no process of the job may outlive the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from test_launch_tracking import events, get
+
+from relaunch._subprocess import alive, children
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+LOADER_TRAIN = WORKERS / "loader_train.py"
+SLEEPER = WORKERS / "sleeper.py"
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def start(tmp_path: Path, *args: object) -> subprocess.Popen:
+    """`relaunch run` in a session of its own, as a terminal or a batch
+    system starts it (its process group is the job's foreground group)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "relaunch", "run", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+
+
+def deliver(how: str, launcher: subprocess.Popen) -> None:
+    if how == "launcher":  # Kubernetes: SIGTERM to PID 1 only
+        launcher.send_signal(signal.SIGTERM)
+    elif how == "every-process":  # SLURM: every process of the step at once
+        for pid in [launcher.pid, *descendants(launcher.pid)]:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    elif how == "process-groups":  # kill -TERM -- -PGID, for each group of the job
+        groups = {os.getpgid(p) for p in [launcher.pid, *descendants(launcher.pid)]}
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    elif how == "ctrl-c":  # the terminal: SIGINT to its foreground process group
+        os.killpg(launcher.pid, signal.SIGINT)
+    else:
+        raise ValueError(how)
+
+
+# (DataLoader workers, start method, persistent_workers, pin_memory, how the signal arrives):
+# every start method, worker count and delivery at least once, without the
+# full product (each case starts a real 2-rank DDP job).
+CASES = [
+    (0, "fork", False, False, "launcher"),
+    (2, "fork", True, False, "launcher"),
+    (2, "spawn", False, False, "every-process"),
+    (4, "forkserver", False, True, "every-process"),
+    (4, "fork", False, False, "every-process"),
+    (2, "fork", True, True, "process-groups"),
+    (2, "forkserver", True, False, "launcher"),
+    (2, "spawn", True, False, "ctrl-c"),
+]
+
+
+@pytest.mark.parametrize(("workers", "method", "persistent", "pin", "how"), CASES)
+def test_every_rank_stops_at_the_agreed_step_whatever_its_data_loader(
+    tmp_path, workers, method, persistent, pin, how
+):
+    args = ["--nproc-per-node", "2", "--shutdown-timeout", "60", LOADER_TRAIN, tmp_path]
+    args += ["--workers", workers, "--start-method", method]
+    args += ["--persistent"] * persistent + ["--pin-memory"] * pin
+    job = start(tmp_path, *args)
+    try:
+        wait_for(
+            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
+            180,
+            "training to be under way",
+        )
+        assert job.poll() is None, job.communicate()
+        pids = [json.loads((tmp_path / f"pids.{r}").read_text()) for r in range(2)]
+        job_pids = [p["rank"] for p in pids] + [c for p in pids for c in p["children"]]
+        assert sum(len(p["children"]) for p in pids) >= 2 * workers, pids
+        deliver(how, job)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode == 75, err
+    assert "killed by signal" not in err, err
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert all(r["preempted"] and r["step"] == r["agreed"] for r in reports), reports
+    assert reports[0]["step"] == reports[1]["step"], reports
+    assert (tmp_path / f"ckpt_{reports[0]['step']}.pt").exists()
+    assert not [p for p in job_pids if alive(p)], "a process of the job outlived the launcher"
+
+
+def test_a_daemon_a_rank_started_does_not_keep_the_launcher_waiting(tmp_path):
+    # A process in a session of its own (setsid; logging services start
+    # theirs so) is reparented to the launcher when its rank exits, and
+    # holds the rank's output open.
+    job = start(
+        tmp_path,
+        *("--nproc-per-node", "2", "--shutdown-timeout", "5"),
+        *(LOADER_TRAIN, tmp_path, "--workers", "2", "--daemon"),
+    )
+    try:
+        wait_for(
+            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
+            180,
+            "training to be under way",
+        )
+        daemon = int((tmp_path / "daemon").read_text())
+        assert alive(daemon)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode == 75, err
+    assert not alive(daemon)
+    reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert reports[0]["step"] == reports[1]["step"] and reports[0]["preempted"], reports
+
+
+def test_an_unclean_stop_is_recorded_as_a_failure_not_a_preemption(tracking_server, tmp_path):
+    # The sleeper has no preemption support: SIGTERM kills it.
+    job = start(
+        tmp_path,
+        *("--server", tracking_server.url, "--run-id", "unclean", "--nproc-per-node", "2"),
+        *(SLEEPER, tmp_path),
+    )
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 2, 60, "the workers")
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode == 128 + signal.SIGTERM, err
+    assert "rank 0 (local rank 0" in err and "signal SIGTERM" in err, err
+    run = get(tracking_server, "/runs/unclean")
+    assert isinstance(run, dict) and run["status"] == "failed", run
+    found = events(tracking_server, "unclean")
+    assert [e["kind"] for e in found][-1] == "failed", found
+    failed = [e for e in found if e["kind"] == "worker_failed"]
+    assert failed and {r["rank"] for r in failed[0]["data"]["ranks"]} == {0, 1}, failed
+
+
+def test_a_dead_rank_is_announced_and_its_loader_workers_killed_at_once(tmp_path):
+    job = start(
+        tmp_path,
+        *("--nproc-per-node", "2", "--max-restarts", "0", "--shutdown-timeout", "60"),
+        *(LOADER_TRAIN, tmp_path, "--workers", "2"),
+    )
+    try:
+        wait_for(
+            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
+            180,
+            "training to be under way",
+        )
+        victim = json.loads((tmp_path / "pids.1").read_text())
+        os.kill(victim["rank"], signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(
+            lambda: not any(alive(c) for c in victim["children"]),
+            2,
+            "the dead rank's DataLoader workers to be killed",
+        )
+        assert time.monotonic() - killed < 2
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode == 1, err
+    assert "rank 1" in err, err
