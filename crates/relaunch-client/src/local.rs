@@ -205,7 +205,21 @@ pub fn link_inside(writer_dir: &Path) -> Result<Option<PathBuf>, ClientError> {
 /// the directory's spool open (its lock) until this returns, so no other
 /// process has it.
 pub fn remove_writer(writer_dir: &Path) -> Result<(), ClientError> {
-    fs::remove_dir_all(writer_dir).map_err(ClientError::io("remove", writer_dir))?;
+    // Renamed out of sight first: an adopter that listed it a moment ago
+    // may open its lock file (creating it) while it is removed, and
+    // `remove_dir_all` would then find it not empty. Under the new name
+    // nobody else looks for it.
+    let name = writer_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let doomed = writer_dir.with_file_name(format!(".{name}.removing-{}", std::process::id()));
+    match fs::rename(writer_dir, &doomed) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ClientError::io("rename", writer_dir)(e)),
+    }
+    fs::remove_dir_all(&doomed).map_err(ClientError::io("remove", &doomed))?;
     if let Some(run_dir) = writer_dir.parent() {
         // Fails, as it should, while other writers remain.
         let _ = fs::remove_dir(run_dir);

@@ -591,7 +591,9 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
         let path = entry.path();
         let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
         // No writer.json: not a spool (`.uploads`), or one still being created.
-        if !is_dir || entry.file_name() == own || !local::is_writer_dir(&path) {
+        // Names with a leading dot are being created or removed.
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if !is_dir || hidden || entry.file_name() == own || !local::is_writer_dir(&path) {
             continue;
         }
         match local::link_inside(&path) {
