@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,17 +34,41 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def start(tmp_path: Path, *args: object) -> subprocess.Popen:
-    """`relaunch run` in a session of its own, as a terminal or a batch
-    system starts it (its process group is the job's foreground group)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "relaunch", "run", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        start_new_session=True,
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Starts `relaunch run ARGS` in a session of its own, as a terminal or
+    a batch system starts it (its process group is the job's foreground
+    group); kills whatever is left of it at the end."""
+    started: list[subprocess.Popen] = []
+
+    def run(*args: object) -> subprocess.Popen:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "relaunch", "run", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        started.append(job)
+        return job
+
+    yield run
+    for job in started:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.communicate(timeout=30)
+
+
+def under_way(job: subprocess.Popen, out: Path) -> list[dict]:
+    """Waits for both ranks of `loader_train.py` to reach step 20; their pids."""
+    wait_for(
+        lambda: all((out / f"pids.{r}").exists() for r in range(2)) or job.poll() is not None,
+        180,
+        "training to be under way",
     )
+    assert job.poll() is None, job.communicate()
+    return [json.loads((out / f"pids.{r}").read_text()) for r in range(2)]
 
 
 def deliver(how: str, launcher: subprocess.Popen) -> None:
@@ -86,28 +110,17 @@ CASES = [
 
 @pytest.mark.parametrize(("workers", "method", "persistent", "pin", "how"), CASES)
 def test_every_rank_stops_at_the_agreed_step_whatever_its_data_loader(
-    tmp_path, workers, method, persistent, pin, how
+    start, tmp_path, workers, method, persistent, pin, how
 ):
     args = ["--nproc-per-node", "2", "--shutdown-timeout", "60", LOADER_TRAIN, tmp_path]
     args += ["--workers", workers, "--start-method", method]
     args += ["--persistent"] * persistent + ["--pin-memory"] * pin
-    job = start(tmp_path, *args)
-    try:
-        wait_for(
-            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
-            180,
-            "training to be under way",
-        )
-        assert job.poll() is None, job.communicate()
-        pids = [json.loads((tmp_path / f"pids.{r}").read_text()) for r in range(2)]
-        job_pids = [p["rank"] for p in pids] + [c for p in pids for c in p["children"]]
-        assert sum(len(p["children"]) for p in pids) >= 2 * workers, pids
-        deliver(how, job)
-        _, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    job = start(*args)
+    pids = under_way(job, tmp_path)
+    job_pids = [p["rank"] for p in pids] + [c for p in pids for c in p["children"]]
+    assert sum(len(p["children"]) for p in pids) >= 2 * workers, pids
+    deliver(how, job)
+    _, err = job.communicate(timeout=120)
     assert job.returncode == 75, err
     assert "killed by signal" not in err, err
     reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
@@ -117,50 +130,36 @@ def test_every_rank_stops_at_the_agreed_step_whatever_its_data_loader(
     assert not [p for p in job_pids if alive(p)], "a process of the job outlived the launcher"
 
 
-def test_a_daemon_a_rank_started_does_not_keep_the_launcher_waiting(tmp_path):
+def test_a_daemon_a_rank_started_does_not_keep_the_launcher_waiting(start, tmp_path):
     # A process in a session of its own (setsid; logging services start
     # theirs so) is reparented to the launcher when its rank exits, and
     # holds the rank's output open.
     job = start(
-        tmp_path,
         *("--nproc-per-node", "2", "--shutdown-timeout", "5"),
         *(LOADER_TRAIN, tmp_path, "--workers", "2", "--daemon"),
     )
-    try:
-        wait_for(
-            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
-            180,
-            "training to be under way",
-        )
-        daemon = int((tmp_path / "daemon").read_text())
-        assert alive(daemon)
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    under_way(job, tmp_path)
+    daemon = int((tmp_path / "daemon").read_text())
+    assert alive(daemon)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
     assert job.returncode == 75, err
     assert not alive(daemon)
     reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     assert reports[0]["step"] == reports[1]["step"] and reports[0]["preempted"], reports
 
 
-def test_an_unclean_stop_is_recorded_as_a_failure_not_a_preemption(tracking_server, tmp_path):
+def test_an_unclean_stop_is_recorded_as_a_failure_not_a_preemption(
+    start, tracking_server, tmp_path
+):
     # The sleeper has no preemption support: SIGTERM kills it.
     job = start(
-        tmp_path,
         *("--server", tracking_server.url, "--run-id", "unclean", "--nproc-per-node", "2"),
         *(SLEEPER, tmp_path),
     )
-    try:
-        wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 2, 60, "the workers")
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 2, 60, "the workers")
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
     assert job.returncode == 128 + signal.SIGTERM, err
     assert "rank 0 (local rank 0" in err and "signal SIGTERM" in err, err
     run = get(tracking_server, "/runs/unclean")
@@ -171,31 +170,19 @@ def test_an_unclean_stop_is_recorded_as_a_failure_not_a_preemption(tracking_serv
     assert failed and {r["rank"] for r in failed[0]["data"]["ranks"]} == {0, 1}, failed
 
 
-def test_a_dead_rank_is_announced_and_its_loader_workers_killed_at_once(tmp_path):
+def test_a_dead_ranks_loader_workers_are_killed_at_once(start, tmp_path):
     job = start(
-        tmp_path,
         *("--nproc-per-node", "2", "--max-restarts", "0", "--shutdown-timeout", "60"),
         *(LOADER_TRAIN, tmp_path, "--workers", "2"),
     )
-    try:
-        wait_for(
-            lambda: all((tmp_path / f"pids.{r}").exists() for r in range(2)) or job.poll(),
-            180,
-            "training to be under way",
-        )
-        victim = json.loads((tmp_path / "pids.1").read_text())
-        os.kill(victim["rank"], signal.SIGKILL)
-        killed = time.monotonic()
-        wait_for(
-            lambda: not any(alive(c) for c in victim["children"]),
-            2,
-            "the dead rank's DataLoader workers to be killed",
-        )
-        assert time.monotonic() - killed < 2
-        _, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    victim = under_way(job, tmp_path)[1]
+    os.kill(victim["rank"], signal.SIGKILL)
+    # torch's own watchdog would end them within 5 s; the launcher, at once.
+    wait_for(
+        lambda: not any(alive(c) for c in victim["children"]),
+        2,
+        "the dead rank's DataLoader workers to be killed",
+    )
+    _, err = job.communicate(timeout=120)
     assert job.returncode == 1, err
     assert "rank 1" in err, err

@@ -496,14 +496,23 @@ async fn preempted_elsewhere(store: &JobStore, run_id: &str) -> Option<Signal> {
 /// the key that `relaunch.preemption` waits on. Bounded: a store that does
 /// not answer must not delay forwarding the signal.
 async fn announce_preemption(store: &JobStore, run_id: &str, signal: Signal) {
-    let key = keys::preempt(run_id);
-    let set = store.client.compare_set(&key, "", signal.as_str());
+    announce(
+        store,
+        &keys::preempt(run_id),
+        signal.as_str(),
+        "the preemption",
+    )
+    .await;
+}
+
+/// Sets `key` to `value` unless it is set already, waiting at most 2 s for
+/// the store.
+async fn announce(store: &JobStore, key: &str, value: &str, what: &str) {
+    let set = store.client.compare_set(key, "", value);
     match tokio::time::timeout(Duration::from_secs(2), set).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce the preemption in the store"),
-        Err(_) => {
-            tracing::warn!("the store did not answer in 2 s; preemption announced by signal only")
-        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce {what} in the store"),
+        Err(_) => tracing::warn!("the store did not answer in 2 s; {what} is not announced there"),
     }
 }
 
@@ -519,15 +528,7 @@ async fn worker_failed(store: &JobStore, run_id: &str, group: &WorkerGroup, exit
         group.describe(exit.local_rank),
         exit.kind.describe()
     );
-    let key = keys::failed(run_id);
-    let set = store.client.compare_set(&key, "", text.as_str());
-    match tokio::time::timeout(Duration::from_secs(2), set).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce a worker's failure in the store"),
-        Err(_) => {
-            tracing::warn!("the store did not answer in 2 s; a worker's failure is not announced")
-        }
-    }
+    announce(store, &keys::failed(run_id), &text, "a worker's failure").await;
 }
 
 /// The workers that did not exit with code 0 after a stop request.
