@@ -8,8 +8,10 @@
 //! ingest (`POST /runs/{id}/batches`) never waits behind one. The answer is
 //! serialized while the permit is held, so what many concurrent reads hold
 //! at their peak is bounded by the permits too. When the last heavy read in
-//! flight finishes, the allocator is asked to give its free memory back to
-//! the system ([`crate::trim`]).
+//! flight has finished and its answer has been sent (or dropped), the
+//! allocator is asked to give its free memory back to the system
+//! ([`crate::trim`]): trimming when the read ends is not enough, since the
+//! answers (megabytes each) are freed only once written to the socket.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,8 +27,8 @@ use crate::storage::{Storage, StorageError};
 #[derive(Clone, Debug)]
 pub(crate) struct HeavyReads {
     permits: Arc<Semaphore>,
-    /// Heavy reads that have a permit (work in flight).
-    running: Arc<AtomicUsize>,
+    /// Heavy reads that have a permit, and answers not yet sent.
+    live: Arc<AtomicUsize>,
     /// Heavy reads waiting for a permit.
     queued: Arc<AtomicUsize>,
 }
@@ -38,7 +40,7 @@ impl HeavyReads {
     pub(crate) fn new(max_readers: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(max_readers.saturating_sub(1).max(1))),
-            running: Arc::new(AtomicUsize::new(0)),
+            live: Arc::new(AtomicUsize::new(0)),
             queued: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -60,8 +62,7 @@ impl HeavyReads {
         self.queued.fetch_sub(1, Ordering::Relaxed);
         let permit = permit.map_err(|_| AppError::Internal("the server is stopping".into()))?;
         let storage = storage.clone();
-        let running = self.running.clone();
-        running.fetch_add(1, Ordering::AcqRel);
+        let live = Live::enter(&self.live);
         let answer = tokio::task::spawn_blocking(move || {
             let answer = f(storage.as_ref())
                 .map_err(AppError::from)
@@ -70,14 +71,50 @@ impl HeavyReads {
                         AppError::Internal(format!("cannot serialize the answer: {e}"))
                     })
                 });
-            if running.fetch_sub(1, Ordering::AcqRel) == 1 {
-                crate::trim::release_free_memory();
-            }
             drop(permit);
             answer
         })
         .await
         .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))??;
-        Ok(Bytes::from(answer))
+        Ok(Bytes::from_owner(Answer {
+            json: answer,
+            _live: live,
+        }))
+    }
+}
+
+/// One heavy read in [`HeavyReads::live`] until dropped: the last one out
+/// trims the allocator, on a blocking thread (it takes milliseconds).
+#[derive(Debug)]
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    fn enter(live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::AcqRel);
+        Self(live.clone())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(crate::trim::release_free_memory)),
+                Err(_) => crate::trim::release_free_memory(),
+            }
+        }
+    }
+}
+
+/// A heavy read's JSON, held until the response body is dropped (sent).
+/// Fields drop in order: the JSON is freed before `Live` trims.
+struct Answer {
+    json: Vec<u8>,
+    _live: Live,
+}
+
+impl AsRef<[u8]> for Answer {
+    fn as_ref(&self) -> &[u8] {
+        &self.json
     }
 }
