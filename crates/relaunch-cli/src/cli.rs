@@ -190,8 +190,8 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = relaunch_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
 
-    /// Database reads at once (series, listings, exports); more wait their turn, and writes never
-    /// wait for reads.
+    /// Database reads at once; heavy ones (series, log pages, listings) take at most N-1 of them
+    /// and more wait their turn without holding a thread, and writes never wait for reads.
     #[arg(long, default_value_t = relaunch_server::storage::sqlite::DEFAULT_MAX_READERS, value_name = "N")]
     pub max_readers: usize,
 }

@@ -9,11 +9,11 @@ use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 use relaunch_api::{
-    Ack, Batch, Event, Health, Latest, LogLine, RunFilter, RunInfo, RunInit, RunLatest, RunPatch,
-    RunStatus, Series, SeriesQuery,
+    Ack, Batch, Event, Health, Latest, RunFilter, RunInfo, RunInit, RunPatch, RunStatus,
+    SeriesQuery,
 };
 use serde::Deserialize;
 
@@ -64,6 +64,28 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))?
         .map_err(AppError::from)
+}
+
+/// A heavy read: one whose answer can be large or whose work grows with
+/// the data (a series of up to `MAX_BUCKETS` buckets over millions of
+/// points, a page of up to 100,000 console lines, a listing of up to
+/// 100,000 runs, the keys or latest values of every run a filter selects).
+/// It waits for its turn without holding a thread (`reads.rs`) and answers
+/// JSON serialized on the blocking thread. Light reads (one run, a
+/// watermark, a run's keys, latest values or events) and every write go
+/// through [`blocking`] at once. There is no CSV export on the server: a
+/// CLI export is a series read like any other.
+async fn heavy<T: serde::Serialize + Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
+) -> Result<Response, AppError> {
+    Ok(json_response(
+        state.heavy_reads.json(&state.storage, f).await?,
+    ))
+}
+
+fn json_response(json: Bytes) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], json).into_response()
 }
 
 /// Reads a body up to the server's limit, refusing a larger one with a 413
@@ -229,11 +251,9 @@ fn run_filter(query: Option<String>, keys: bool) -> Result<(RunFilter, Vec<Strin
 pub(crate) async fn list_runs(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Vec<RunInfo>>, AppError> {
+) -> Result<Response, AppError> {
     let (filter, _) = run_filter(query, false)?;
-    Ok(Json(
-        blocking(&state.storage, move |s| s.list_runs(&filter)).await?,
-    ))
+    heavy(&state, move |s| s.list_runs(&filter)).await
 }
 
 /// `GET /keys`: the metric names of every run the filter selects (the
@@ -241,11 +261,9 @@ pub(crate) async fn list_runs(
 pub(crate) async fn metric_names(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Vec<String>>, AppError> {
+) -> Result<Response, AppError> {
     let (filter, _) = run_filter(query, false)?;
-    Ok(Json(
-        blocking(&state.storage, move |s| s.metric_names(&filter)).await?,
-    ))
+    heavy(&state, move |s| s.metric_names(&filter)).await
 }
 
 /// `GET /latest?key=K...`: the newest value of each key in every run the
@@ -253,7 +271,7 @@ pub(crate) async fn metric_names(
 pub(crate) async fn latest_of_runs(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
-) -> Result<Json<Vec<RunLatest>>, AppError> {
+) -> Result<Response, AppError> {
     let (filter, keys) = run_filter(query, true)?;
     if keys.is_empty() || keys.len() > MAX_LATEST_KEYS {
         return Err(AppError::BadRequest(format!(
@@ -261,9 +279,7 @@ pub(crate) async fn latest_of_runs(
             keys.len()
         )));
     }
-    Ok(Json(
-        blocking(&state.storage, move |s| s.latest_of_runs(&filter, &keys)).await?,
-    ))
+    heavy(&state, move |s| s.latest_of_runs(&filter, &keys)).await
 }
 
 pub(crate) async fn ingest(
@@ -351,7 +367,7 @@ pub(crate) async fn series(
     State(state): State<AppState>,
     RunId(id): RunId,
     query: Result<Query<SeriesQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Series>, AppError> {
+) -> Result<Response, AppError> {
     let Query(query) =
         query.map_err(|e| AppError::BadRequest(format!("{e}; a series needs ?key=NAME")))?;
     check_key(&query.key)?;
@@ -360,9 +376,7 @@ pub(crate) async fn series(
             "buckets must be 1 to {MAX_BUCKETS}"
         )));
     }
-    Ok(Json(
-        blocking(&state.storage, move |s| s.series(&id, &query)).await?,
-    ))
+    heavy(&state, move |s| s.series(&id, &query)).await
 }
 
 pub(crate) async fn latest(
@@ -396,7 +410,7 @@ pub(crate) async fn logs(
     State(state): State<AppState>,
     RunId(id): RunId,
     query: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<Vec<LogLine>>, AppError> {
+) -> Result<Response, AppError> {
     let Query(q) = query.map_err(|e| AppError::BadRequest(e.to_string()))?;
     if let Some(n) = q.tail {
         if q.after != 0 {
@@ -405,8 +419,7 @@ pub(crate) async fn logs(
                     .into(),
             ));
         }
-        let lines = blocking(&state.storage, move |s| s.log_tail(&id, q.rank, n)).await?;
-        return Ok(Json(lines));
+        return heavy(&state, move |s| s.log_tail(&id, q.rank, n)).await;
     }
     let wait = Duration::try_from_secs_f64(q.wait)
         .map_err(|_| {
@@ -418,15 +431,19 @@ pub(crate) async fn logs(
     loop {
         changed.mark_unchanged();
         let (id2, rank, after, limit) = (id.clone(), q.rank, q.after, q.limit);
-        let lines = blocking(&state.storage, move |s| s.logs(&id2, rank, after, limit)).await?;
-        if !lines.is_empty() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(lines));
-        }
-        if tokio::time::timeout_at(deadline, changed.changed())
-            .await
-            .is_err()
+        // The permit is held for each read only, never across the wait.
+        let lines = state
+            .heavy_reads
+            .json(&state.storage, move |s| s.logs(&id2, rank, after, limit))
+            .await?;
+        let none = lines.as_ref() == b"[]";
+        if !none
+            || tokio::time::Instant::now() >= deadline
+            || tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
         {
-            return Ok(Json(lines));
+            return Ok(json_response(lines));
         }
     }
 }

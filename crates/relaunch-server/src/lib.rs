@@ -9,7 +9,9 @@ mod dashboard;
 mod error;
 pub mod files;
 pub mod names;
+mod reads;
 pub mod storage;
+mod trim;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct AppState {
     max_request_bytes: usize,
     /// Bumped whenever console lines arrive; log follows wait on it.
     logs_changed: Arc<watch::Sender<u64>>,
+    /// Admission of heavy reads (`reads.rs`).
+    heavy_reads: reads::HeavyReads,
 }
 
 impl std::fmt::Debug for AppState {
@@ -68,7 +72,23 @@ impl AppState {
             token: token.map(Into::into),
             max_request_bytes,
             logs_changed: Arc::new(watch::channel(0).0),
+            heavy_reads: reads::HeavyReads::new(storage::sqlite::DEFAULT_MAX_READERS),
         }
+    }
+
+    /// Sizes the admission of heavy reads (series, log pages, run
+    /// listings) for a storage of `max_readers` database readers
+    /// (`--max-readers`): they take at most `max_readers - 1` (at least 1),
+    /// leaving one to light reads; more wait without holding a thread.
+    #[must_use]
+    pub fn with_max_readers(mut self, max_readers: usize) -> Self {
+        self.heavy_reads = reads::HeavyReads::new(max_readers);
+        self
+    }
+
+    /// Heavy reads waiting for their turn now.
+    pub fn heavy_reads_queued(&self) -> usize {
+        self.heavy_reads.queued()
     }
 }
 

@@ -312,3 +312,245 @@ fn concurrent_reads_never_open_more_readers_than_the_limit() {
     drop(storage);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A storage whose series reads wait at a gate until the test opens it;
+/// everything else goes straight to SQLite.
+struct GatedSeries {
+    inner: SqliteStorage,
+    open: parking_lot::Mutex<bool>,
+    opened: parking_lot::Condvar,
+    entered: std::sync::atomic::AtomicUsize,
+}
+
+impl GatedSeries {
+    fn entered(&self) -> usize {
+        self.entered.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open_gate(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+}
+
+mod gated {
+    use relaunch_api::*;
+    use relaunch_server::Storage;
+    use relaunch_server::storage::StorageError;
+
+    impl Storage for super::GatedSeries {
+        fn name(&self) -> &'static str {
+            "gated"
+        }
+        fn series(&self, run: &str, query: &SeriesQuery) -> Result<Series, StorageError> {
+            self.entered
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+            drop(open);
+            self.inner.series(run, query)
+        }
+        fn open_run(&self, init: &RunInit, now: f64) -> Result<RunInfo, StorageError> {
+            self.inner.open_run(init, now)
+        }
+        fn get_run(&self, id: &str) -> Result<RunInfo, StorageError> {
+            self.inner.get_run(id)
+        }
+        fn patch_run(&self, id: &str, patch: &RunPatch, now: f64) -> Result<RunInfo, StorageError> {
+            self.inner.patch_run(id, patch, now)
+        }
+        fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError> {
+            self.inner.list_runs(filter)
+        }
+        fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError> {
+            self.inner.metric_names(filter)
+        }
+        fn latest_of_runs(
+            &self,
+            filter: &RunFilter,
+            keys: &[String],
+        ) -> Result<Vec<RunLatest>, StorageError> {
+            self.inner.latest_of_runs(filter, keys)
+        }
+        fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+            self.inner.ingest(run, batch, now)
+        }
+        fn watermark(&self, run: &str, writer: &str) -> Result<u64, StorageError> {
+            self.inner.watermark(run, writer)
+        }
+        fn keys(&self, run: &str) -> Result<Vec<String>, StorageError> {
+            self.inner.keys(run)
+        }
+        fn latest(&self, run: &str) -> Result<Vec<Latest>, StorageError> {
+            self.inner.latest(run)
+        }
+        fn logs(
+            &self,
+            run: &str,
+            rank: Option<u32>,
+            after: u64,
+            limit: u32,
+        ) -> Result<Vec<LogLine>, StorageError> {
+            self.inner.logs(run, rank, after, limit)
+        }
+        fn log_tail(
+            &self,
+            run: &str,
+            rank: Option<u32>,
+            n: u32,
+        ) -> Result<Vec<LogLine>, StorageError> {
+            self.inner.log_tail(run, rank, n)
+        }
+        fn events(&self, run: &str) -> Result<Vec<Event>, StorageError> {
+            self.inner.events(run)
+        }
+        fn commit_file(
+            &self,
+            run: &str,
+            file: &FileManifest,
+            now: f64,
+        ) -> Result<FileInfo, StorageError> {
+            self.inner.commit_file(run, file, now)
+        }
+        fn files(&self, run: &str) -> Result<Vec<FileInfo>, StorageError> {
+            self.inner.files(run)
+        }
+        fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError> {
+            self.inner.file(run, name)
+        }
+    }
+}
+
+/// One step of `loss`, as the body of `POST /runs/r/batches`.
+fn loss_batch(seq: u64) -> Vec<u8> {
+    let batch = relaunch_api::Batch {
+        writer: "w".into(),
+        attempt_token: "t".into(),
+        records: vec![(
+            seq,
+            relaunch_api::Record::Metrics {
+                step: seq as i64,
+                wall: 0.0,
+                rank: 0,
+                values: vec![("loss".into(), seq as f64)],
+            },
+        )],
+    };
+    let mut body = Vec::new();
+    batch.encode(&mut body);
+    body
+}
+
+async fn send(app: &axum::Router, request: axum::http::Request<axum::body::Body>) -> u16 {
+    use tower::ServiceExt as _;
+    app.clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+fn post_batch(seq: u64) -> axum::http::Request<axum::body::Body> {
+    axum::http::Request::post("/api/v1/runs/r/batches")
+        .header("content-type", relaunch_api::batch::CONTENT_TYPE)
+        .body(axum::body::Body::from(loss_batch(seq)))
+        .unwrap()
+}
+
+/// Regression: reads waiting for a database reader held threads of the
+/// blocking pool, which ingest needs too, so a burst of chart reads
+/// delayed a training run's batches. Here the blocking pool has 4 threads
+/// and 40 series reads arrive while those that got their turn are stuck:
+/// a batch must still be stored while every one of them is held.
+#[test]
+fn a_batch_is_stored_while_heavy_reads_hold_every_reader() {
+    const BLOCKING_THREADS: usize = 4;
+    const READS: usize = 40;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(BLOCKING_THREADS)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "relaunch-gated-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let storage = Arc::new(GatedSeries {
+        inner: SqliteStorage::open(&dir, Durability::Process).unwrap(),
+        open: parking_lot::Mutex::new(false),
+        opened: parking_lot::Condvar::new(),
+        entered: Default::default(),
+    });
+    let files = FileStore::open_dir(&dir, Durability::Process).unwrap();
+    // Three readers: two for heavy reads, one kept for light ones.
+    let state = AppState::new(storage.clone(), files, None, 64 << 20).with_max_readers(3);
+    let app = relaunch_server::router(state.clone());
+    // Whatever happens, the gate opens before the runtime waits for its
+    // blocking threads on drop (a failing test must not hang).
+    struct OpenOnDrop(Arc<GatedSeries>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open_gate();
+        }
+    }
+    let _gate = OpenOnDrop(storage.clone());
+    runtime.block_on(async {
+        let open = axum::http::Request::post("/api/v1/runs")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(
+                r#"{"id": "r", "attempt_token": "t"}"#,
+            ))
+            .unwrap();
+        assert_eq!(send(&app, open).await, 200);
+        assert_eq!(send(&app, post_batch(1)).await, 200);
+
+        let reads: Vec<_> = (0..READS)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let get =
+                        axum::http::Request::get("/api/v1/runs/r/series?key=loss&buckets=100000")
+                            .body(axum::body::Body::empty())
+                            .unwrap();
+                    send(&app, get).await
+                })
+            })
+            .collect();
+        // Every read is either in the storage, stuck at the gate, or waiting
+        // for its turn; or, were reads let through unbounded, the blocking
+        // pool is full of them.
+        let deadline = Instant::now() + HUNG;
+        loop {
+            let (entered, queued) = (storage.entered(), state.heavy_reads_queued());
+            if entered + queued == READS || entered == BLOCKING_THREADS {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the reads did not arrive: {entered} in the storage, {queued} queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let status = timeout(HUNG, send(&app, post_batch(2)))
+            .await
+            .expect("the batch waited behind the reads");
+        assert_eq!(status, 200);
+        // The reads were all still held while the batch was stored.
+        assert_eq!(storage.entered(), 2, "only two reads at once");
+        assert!(reads.iter().all(|r| !r.is_finished()));
+
+        storage.open_gate();
+        for read in reads {
+            assert_eq!(timeout(HUNG, read).await.unwrap().unwrap(), 200);
+        }
+        assert_eq!(storage.entered(), READS);
+    });
+    drop(app);
+    drop(state);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -57,7 +57,8 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
             format!("cannot open the file store in {}", args.data_dir.display())
         })?;
-        let state = AppState::new(storage.clone(), files, token, args.max_request_bytes);
+        let state = AppState::new(storage.clone(), files, token, args.max_request_bytes)
+            .with_max_readers(args.max_readers);
         output::status(&format!(
             "relaunch server: http://{addr} (data in {})",
             args.data_dir.display()

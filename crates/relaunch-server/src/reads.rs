@@ -1,0 +1,120 @@
+//! Admission of heavy reads: at most N at once, the rest wait as futures.
+//!
+//! A read that waits for a database reader inside `spawn_blocking` holds a
+//! thread of tokio's blocking pool, which ingest needs too; a few hundred
+//! queued dashboard reads would make a training run's batches wait behind
+//! them. Heavy reads therefore take a permit here first, on the async side,
+//! and only then a blocking thread: a queued read holds no thread, and
+//! ingest (`POST /runs/{id}/batches`) never waits behind one. The answer is
+//! serialized while the permit is held, so what many concurrent reads hold
+//! at their peak is bounded by the permits too. When the last heavy read in
+//! flight has finished and its answer has been sent (or dropped), the
+//! allocator is asked to give its free memory back to the system
+//! ([`crate::trim`]): trimming when the read ends is not enough, since the
+//! answers (megabytes each) are freed only once written to the socket.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::body::Bytes;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use crate::error::AppError;
+use crate::storage::{Storage, StorageError};
+
+/// The permits of heavy reads, and how many reads wait for one.
+#[derive(Clone, Debug)]
+pub(crate) struct HeavyReads {
+    permits: Arc<Semaphore>,
+    /// Heavy reads that have a permit, and answers not yet sent.
+    live: Arc<AtomicUsize>,
+    /// Heavy reads waiting for a permit.
+    queued: Arc<AtomicUsize>,
+}
+
+impl HeavyReads {
+    /// Heavy reads take at most `max_readers - 1` of the database's reader
+    /// connections (at least 1), so that a light read (a run, a
+    /// watermark, the events the dashboard polls) finds one free.
+    pub(crate) fn new(max_readers: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max_readers.saturating_sub(1).max(1))),
+            live: Arc::new(AtomicUsize::new(0)),
+            queued: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Reads waiting for a permit now.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on a blocking thread once a permit is free, and answers its
+    /// result as JSON, serialized before the permit is given back.
+    pub(crate) async fn json<T: Serialize + Send + 'static>(
+        &self,
+        storage: &Arc<dyn Storage>,
+        f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<Bytes, AppError> {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        let permit = self.permits.clone().acquire_owned().await;
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        let permit = permit.map_err(|_| AppError::Internal("the server is stopping".into()))?;
+        let storage = storage.clone();
+        let live = Live::enter(&self.live);
+        let answer = tokio::task::spawn_blocking(move || {
+            let answer = f(storage.as_ref())
+                .map_err(AppError::from)
+                .and_then(|value| {
+                    serde_json::to_vec(&value).map_err(|e| {
+                        AppError::Internal(format!("cannot serialize the answer: {e}"))
+                    })
+                });
+            drop(permit);
+            answer
+        })
+        .await
+        .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))??;
+        Ok(Bytes::from_owner(Answer {
+            json: answer,
+            _live: live,
+        }))
+    }
+}
+
+/// One heavy read in [`HeavyReads::live`] until dropped: the last one out
+/// trims the allocator, on a blocking thread (it takes milliseconds).
+#[derive(Debug)]
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    fn enter(live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::AcqRel);
+        Self(live.clone())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if self.0.fetch_sub(1, Ordering::AcqRel) == 1 {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(crate::trim::release_free_memory)),
+                Err(_) => crate::trim::release_free_memory(),
+            }
+        }
+    }
+}
+
+/// A heavy read's JSON, held until the response body is dropped (sent).
+/// Fields drop in order: the JSON is freed before `Live` trims.
+struct Answer {
+    json: Vec<u8>,
+    _live: Live,
+}
+
+impl AsRef<[u8]> for Answer {
+    fn as_ref(&self) -> &[u8] {
+        &self.json
+    }
+}
