@@ -257,7 +257,7 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -283,7 +283,8 @@ mod tests {
         }
     }
 
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
+    /// Reproducible incompressible bytes (xorshift) for chunker tests.
+    pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
         let mut state = seed | 1;
         (0..len)
             .map(|_| {

@@ -187,15 +187,7 @@ mod tests {
     use crate::files::{CHUNK_MAX, Chunks, Piece};
 
     fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 24) as u8
-            })
-            .collect()
+        crate::files::tests::noise(len, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     /// How a test zip's headers give their sizes.
