@@ -201,10 +201,18 @@ pub fn link_inside(writer_dir: &Path) -> Result<Option<PathBuf>, ClientError> {
 }
 
 /// Removes a writer's directory once everything in it is on the server,
-/// and its run's directory when that was the last writer. The caller holds
-/// the directory's spool open (its lock) until this returns, so no other
-/// process has it.
-pub fn remove_writer(writer_dir: &Path) -> Result<(), ClientError> {
+/// and its run's directory when that was the last writer. Takes the open
+/// spool as proof that its lock is held until the directory is gone: a
+/// process that locked it between an unlock and the removal (an adopter, a
+/// resumed writer) would append to a directory deleted under it.
+pub fn remove_writer(spool: &Spool) -> Result<(), ClientError> {
+    let writer_dir = spool.dir();
+    if !spool.is_locked() {
+        return Err(ClientError::Config(format!(
+            "refusing to remove {}: its spool was closed, so another process may hold it",
+            writer_dir.display()
+        )));
+    }
     // Renamed out of sight first: an adopter that listed it a moment ago
     // may open its lock file (creating it) while it is removed, and
     // `remove_dir_all` would then find it not empty. Under the new name

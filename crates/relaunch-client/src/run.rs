@@ -498,7 +498,7 @@ impl Run {
             // removed while its lock is held, so no adopter has it.
             let mut spool = self.spool.lock();
             spool.sync()?;
-            local::remove_writer(&self.writer_dir)?;
+            local::remove_writer(&spool)?;
             spool.close()?;
         } else if self.server.is_none() {
             // Offline, the spool is the record: let `relaunch sync` open it.
@@ -629,7 +629,7 @@ fn adopt_orphans(dir: &Path, id: &str, own: &str, options: SpoolOptions) -> Vec<
         };
         if spool.pending() == 0 {
             // Removed while locked; the lock goes with `spool` after.
-            if let Err(e) = local::remove_writer(&path) {
+            if let Err(e) = local::remove_writer(&spool) {
                 tracing::warn!(error = %e, "cannot remove an empty spool");
             }
             drop(spool);

@@ -500,7 +500,10 @@ fn finish_adopted(shared: &Shared, index: usize) {
     if !entry.outbox.adopted || entry.done || entry.outbox.spool.lock().pending() > 0 {
         return;
     }
-    match remove_writer(&entry.outbox.dir) {
+    let spool = entry.outbox.spool.lock();
+    let removed = remove_writer(&spool);
+    drop(spool);
+    match removed {
         Ok(()) => {
             tracing::info!(dir = %entry.outbox.dir.display(), "shipped a spool left by an earlier process");
             entry.done = true;

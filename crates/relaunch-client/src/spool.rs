@@ -451,6 +451,12 @@ impl Spool {
         &self.dir
     }
 
+    /// Whether this handle still holds the directory's lock (until
+    /// [`Spool::close`]).
+    pub fn is_locked(&self) -> bool {
+        self.lock.is_some()
+    }
+
     /// Seals the active segment and starts a new one whose first record is
     /// `first_seq`, large enough for a record of `record_len` bytes.
     fn start_segment(

@@ -102,10 +102,13 @@ pub fn sync(root: &Path, options: &SyncOptions) -> Result<Vec<Report>, ClientErr
         };
         let pending = spool.pending();
         if pending == 0 {
-            drop(spool);
-            if let Err(e) = local::remove_writer(&path) {
+            // Removed while its lock is held: an adopter or a resumed writer
+            // that locked it between an unlock and the removal would lose
+            // what it then wrote.
+            if let Err(e) = local::remove_writer(&spool) {
                 report.outcome = Outcome::Failed(e.to_string());
             }
+            drop(spool);
             reports.push(report);
             continue;
         }
@@ -256,15 +259,20 @@ fn ship_to(
     let flushed = shipper.flush(timeout);
     shipper.stop();
     for (spool, dir, index, pending) in watched {
-        let left = spool.lock().pending();
+        // The spool stays locked until its directory is gone (see above).
+        let locked = spool.lock();
+        let left = locked.pending();
+        let removed = if left == 0 && dir.exists() {
+            local::remove_writer(&locked)
+        } else {
+            Ok(())
+        };
+        drop(locked);
         drop(spool);
         reports[index].outcome = if left == 0 {
-            if dir.exists()
-                && let Err(e) = local::remove_writer(&dir)
-            {
-                Outcome::Failed(e.to_string())
-            } else {
-                Outcome::Shipped { records: pending }
+            match removed {
+                Err(e) => Outcome::Failed(e.to_string()),
+                Ok(()) => Outcome::Shipped { records: pending },
             }
         } else {
             let why = flushed
