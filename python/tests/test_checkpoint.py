@@ -298,6 +298,32 @@ def test_under_relaunch_run_ranks_agree_through_the_launchers_store(tmp_path: Pa
     assert (latest.path / "rank1.txt").read_text() == "1 9\n"
 
 
+def test_under_relaunch_run_a_rank_in_the_vote_learns_of_a_dead_peer_from_the_launcher(
+    tmp_path: Path,
+) -> None:
+    """End to end: the launcher sets `workers/failed` when rank 1 is SIGKILLed, and
+    rank 0, blocked in the checkpoint vote (timeout 600 s) and shielded from the
+    launcher's SIGTERM by relaunch.preemption, raises naming rank 1 within seconds,
+    long before the 60 s shutdown grace would end it."""
+    launch = [sys.executable, "-m", "relaunch", "run", "--nproc-per-node", "2"]
+    launch += ["--max-restarts", "0", "--shutdown-timeout", "60"]
+    began = time.monotonic()
+    job = subprocess.run(
+        [*launch, str(WORKERS / "ckpt_dead_peer.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+    took = time.monotonic() - began
+    assert job.returncode != 0, job.stderr
+    waited, message = (tmp_path / "raised").read_text().split("\n", 1)
+    assert float(waited) < 5, f"rank 0 waited {waited} s for a dead rank"
+    assert "rank 1" in message and "SIGKILL" in message, message
+    assert took < 40, f"the job took {took:.1f} s"
+    assert Checkpointer(tmp_path / "ckpt").committed_steps() == []
+
+
 # --- commit, layout, abort -------------------------------------------------------------
 
 

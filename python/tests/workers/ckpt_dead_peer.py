@@ -1,0 +1,35 @@
+"""A job in which a rank dies while the other waits for it in a checkpoint vote.
+
+Usage: ckpt_dead_peer.py DIR. Both ranks take stop requests through
+``relaunch.preemption`` (so the launcher's SIGTERM to the survivor only asks it
+to stop). Rank 1 SIGKILLs itself once rank 0 has entered ``save`` (rank 0
+writes ``DIR/entered``); rank 0 waits in the vote until the launcher's
+``workers/failed`` key tells it rank 1 is gone, then writes what it raised to
+``DIR/raised`` with the time it took.
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import relaunch
+import relaunch.preemption  # installs the stop-request handlers
+
+directory = Path(sys.argv[1])
+rank = int(os.environ["RANK"])
+ckpt = relaunch.Checkpointer(directory / "ckpt", keep_last=None, timeout=600)
+if rank == 1:
+    while not (directory / "entered").exists():
+        time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+(directory / "entered").write_text("")
+began = time.monotonic()
+try:
+    with ckpt.save(1, force=True) as path:
+        pass
+except relaunch.CheckpointError as e:
+    (directory / "raised").write_text(f"{time.monotonic() - began:.3f}\n{e}\n")
+    raise
