@@ -24,6 +24,13 @@ round trip, without the training loop polling the network.
 Outside ``relaunch run`` (no store), :func:`reached` returns True at the
 first step after a signal.
 
+A SIGTERM that follows a failure is not a stop request: when a worker of
+the attempt fails, the launcher sets ``relaunch/RUN/workers/failed`` and
+then sends SIGTERM to the others. The handler sees that key and ends the
+rank by the signal at once, as it would have ended without this module,
+so the restart waits on no one (no checkpoint can be agreed with a dead
+rank anyway; what was logged is in the local spool).
+
 Children started through :mod:`multiprocessing` (DataLoader workers with any
 start method: fork, spawn, forkserver; ``persistent_workers``; pools) are
 shielded from the same signals: they start with them blocked, so a stop
@@ -54,6 +61,7 @@ import time
 import warnings
 
 from relaunch import _native
+from relaunch._checkpoint_agree import failed_key
 
 __all__ = ["install", "reached", "requested", "stop_step"]
 
@@ -77,6 +85,7 @@ _state = {
     "step_time": None,  # moving average of the time between calls
     "store": None,
     "interrupts": 0,  # SIGINTs received
+    "failure_store": None,  # the connection that checks for a failed rank
 }
 
 
@@ -103,7 +112,54 @@ def _handler(signum: int, frame: object) -> None:
         _state["interrupts"] += 1
         if _state["interrupts"] > 1:
             raise KeyboardInterrupt
+    else:
+        failure = _attempt_failed()
+        if failure is not None:
+            _end_now(signum, failure)
     _flag.set()
+
+
+def _attempt_failed() -> str | None:
+    """What the launcher's ``workers/failed`` key says, if it is set.
+
+    The launcher sets it when a worker of the attempt fails, before it sends
+    SIGTERM to the others: that SIGTERM is not a stop request to agree on
+    (no checkpoint can be agreed with a dead rank) but the end of the
+    attempt. Bounded: a store that does not answer within 2 s counts as not
+    set, and the signal is a stop request as before.
+    """
+    where, key = _store_address(), failed_key()
+    if where is None or key is None:
+        return None
+    host, port, _ = where
+    try:
+        if _state["failure_store"] is None:
+            _state["failure_store"] = _native.Store(host, port, 2.0, "")
+        store = _state["failure_store"]
+        if not store.check([key]):
+            return None
+        return store.get(key).decode(errors="replace").strip()
+    except Exception:  # the store went away: no news of a failure
+        return None
+
+
+def _end_now(signum: int, failure: str) -> None:
+    """Ends this process by ``signum``, as it would have without this module
+    (and as torchrun's workers do): its peers, the launcher and the restart
+    wait on nothing. What was logged is already in the local spool; a
+    checkpoint being written is not committed (it needs every rank)."""
+    name = signal.Signals(signum).name
+    try:
+        sys.stderr.write(
+            f"relaunch.preemption: {name} after a failure in this attempt ({failure}); "
+            "ending this rank now for the restart\n"
+        )
+        sys.stderr.flush()
+    except Exception:
+        pass
+    signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
 
 
 # Pids of the multiprocessing children started with the stop signals blocked.

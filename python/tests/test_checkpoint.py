@@ -302,8 +302,8 @@ def test_under_relaunch_run_a_rank_in_the_vote_learns_of_a_dead_peer_from_the_la
     tmp_path: Path,
 ) -> None:
     """End to end: the launcher sets `workers/failed` when rank 1 is SIGKILLed, and
-    rank 0, blocked in the checkpoint vote (timeout 600 s) and shielded from the
-    launcher's SIGTERM by relaunch.preemption, raises naming rank 1 within seconds,
+    rank 0, blocked in the checkpoint vote (timeout 600 s) and handling the
+    launcher's SIGTERM itself, raises naming rank 1 within seconds,
     long before the 60 s shutdown grace would end it."""
     launch = [sys.executable, "-m", "relaunch", "run", "--nproc-per-node", "2"]
     launch += ["--max-restarts", "0", "--shutdown-timeout", "60"]

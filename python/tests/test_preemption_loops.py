@@ -186,3 +186,19 @@ def test_a_dead_ranks_loader_workers_are_killed_at_once(start, tmp_path):
     _, err = job.communicate(timeout=120)
     assert job.returncode == 1, err
     assert "rank 1" in err, err
+
+
+def test_after_a_rank_fails_the_others_end_at_once_despite_the_preemption_handler(start, tmp_path):
+    """relaunch.preemption turns SIGTERM into a stop request; the SIGTERM that
+    follows a failure (the launcher's `workers/failed` key is set first) ends
+    the rank at once, as torchrun's would, instead of after the grace period."""
+    job = start(
+        *("--nproc-per-node", "2", "--max-restarts", "0", "--shutdown-timeout", "60"),
+        *(SLEEPER, tmp_path, "--preemption"),
+    )
+    wait_for(lambda: len(list(tmp_path.glob("pid.*"))) == 2, 60, "the workers")
+    os.kill(int((tmp_path / "pid.1").read_text()), signal.SIGKILL)
+    _, err = job.communicate(timeout=20)
+    assert job.returncode == 1, err
+    assert "ending this rank now for the restart" in err, err
+    assert "rank 0 (local rank 0): signal SIGTERM (15) (stopped by relaunch)" in err, err

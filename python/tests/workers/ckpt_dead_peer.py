@@ -1,8 +1,8 @@
 """A job in which a rank dies while the other waits for it in a checkpoint vote.
 
-Usage: ckpt_dead_peer.py DIR. Both ranks take stop requests through
-``relaunch.preemption`` (so the launcher's SIGTERM to the survivor only asks it
-to stop). Rank 1 SIGKILLs itself once rank 0 has entered ``save`` (rank 0
+Usage: ckpt_dead_peer.py DIR. Both ranks handle SIGTERM themselves, as a
+script with its own handler does (the launcher's SIGTERM to the survivor then
+does not end it). Rank 1 SIGKILLs itself once rank 0 has entered ``save`` (rank 0
 writes ``DIR/entered``); rank 0 waits in the vote until the launcher's
 ``workers/failed`` key tells it rank 1 is gone, then writes what it raised to
 ``DIR/raised`` with the time it took.
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import relaunch
-import relaunch.preemption  # installs the stop-request handlers
+
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
 
 directory = Path(sys.argv[1])
 rank = int(os.environ["RANK"])
