@@ -7,6 +7,7 @@ pub mod chunk;
 pub mod downsample;
 pub mod filter;
 pub mod ingest;
+pub mod postgres;
 pub mod runs;
 pub mod sqlite;
 mod writeback;
