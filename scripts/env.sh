@@ -30,6 +30,9 @@ ensure_system_packages() {
     command -v pkg-config >/dev/null || missing+=(pkg-config)
     command -v python3 >/dev/null || missing+=(python3)
     python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+    # A throwaway PostgreSQL cluster for the storage tests (scripts/postgres.sh).
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null \
+        || missing+=(postgresql)
     if [ ${#missing[@]} -gt 0 ]; then
         say "installing ${missing[*]}"
         as_root apt-get update -qq

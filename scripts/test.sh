@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Runs every test: formatting, lints, the Rust tests, the Python tests
-# against real PyTorch, and the dashboard's tests in Debian's chromium.
+# Runs every test: formatting, lints, the Rust tests (the storage suite on
+# SQLite and on a throwaway PostgreSQL), the Python tests against real
+# PyTorch, and the dashboard's tests in Debian's chromium.
 # Installs what it needs first (see scripts/env.sh).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+source "$ROOT/scripts/postgres.sh"
 
 ensure_system_packages
 ensure_venv
+# The storage suite runs on PostgreSQL too; without it those runs say
+# they are skipped (and fail under CI).
+start_test_postgres || true
 
 say "cargo fmt --check"
 cargo fmt --all --check

@@ -147,7 +147,7 @@ pub struct FilesGetArgs {
 /// Options of `relaunch server`.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
 pub struct ServerArgs {
-    /// Where the database and files live (created if missing).
+    /// Where the database and files live (created if missing); with --database, the files only.
     #[arg(
         long,
         env = "RELAUNCH_DATA_DIR",
@@ -155,6 +155,12 @@ pub struct ServerArgs {
         value_name = "DIR"
     )]
     pub data_dir: PathBuf,
+
+    /// Keep runs, metrics, console lines and events in PostgreSQL instead of SQLite in
+    /// --data-dir: postgres://USER[:PASSWORD]@HOST:PORT/DB (the password from PGPASSWORD when
+    /// the URL has none). The schema is created or migrated at start.
+    #[arg(long, value_name = "URL")]
+    pub database: Option<String>,
 
     /// Address to listen on; anything but loopback needs --token.
     #[arg(long, default_value = "127.0.0.1")]
@@ -200,6 +206,7 @@ impl Default for ServerArgs {
     fn default() -> Self {
         Self {
             data_dir: "relaunch-data".into(),
+            database: None,
             host: "127.0.0.1".into(),
             port: 8765,
             token: None,

@@ -3,37 +3,46 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod backends;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use relaunch_api::{Ack, ApiError, Batch, Record, RunInfo, Series};
-use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::storage::sqlite::Durability;
 use relaunch_server::{AppState, FileStore, router};
 use tower::ServiceExt as _;
 
 struct Server {
     state: AppState,
     dir: std::path::PathBuf,
+    /// The PostgreSQL database, when the storage is PostgreSQL.
+    _place: backends::Place,
 }
 
 impl Server {
-    fn new(token: Option<&str>, max_request_bytes: usize) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "relaunch-http-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
-        Self {
-            state: AppState::new(
-                storage,
-                FileStore::open_dir(&dir, Durability::Process).unwrap(),
-                token.map(Into::into),
-                max_request_bytes,
-            ),
-            dir,
-        }
+    /// A server on each storage backend available (see `backends`), with
+    /// its files in a directory of its own.
+    fn each(token: Option<&str>, max_request_bytes: usize) -> Vec<Self> {
+        backends::places("http")
+            .into_iter()
+            .map(|place| {
+                let dir = match backends::dir_of(&place) {
+                    Some(dir) => dir.to_owned(),
+                    None => backends::temp_dir("http-files"),
+                };
+                let storage = place.open(Durability::Process);
+                Self {
+                    state: AppState::new(
+                        storage,
+                        FileStore::open_dir(&dir, Durability::Process).unwrap(),
+                        token.map(Into::into),
+                        max_request_bytes,
+                    ),
+                    dir,
+                    _place: place,
+                }
+            })
+            .collect()
     }
 
     async fn send(&self, request: Request<Body>) -> (StatusCode, Vec<u8>) {
@@ -114,327 +123,334 @@ fn loss(writer: &str, steps: std::ops::Range<i64>) -> Batch {
 
 #[tokio::test]
 async fn a_run_logs_and_reads_back() {
-    let server = Server::new(None, 1 << 20);
-    let (status, body) = server
+    for server in Server::each(None, 1 << 20) {
+        let (status, body) = server
         .json("POST", "/api/v1/runs", serde_json::json!({"project": "p", "id": "r1", "attempt_token": "t", "config": {"lr": 0.1}}))
         .await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let run: RunInfo = serde_json::from_slice(&body).unwrap();
-    assert_eq!((run.id.as_str(), run.attempt), ("r1", Some(0)));
-    let (status, body) = server.batch("r1", &loss("w", 0..2000)).await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        serde_json::from_slice::<Ack>(&body).unwrap().watermark,
-        2000
-    );
-    let (status, body) = server
-        .get("/api/v1/runs/r1/series?key=loss&buckets=100")
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let series: Series = serde_json::from_slice(&body).unwrap();
-    assert!(series.points.len() <= 100 && series.total == 2000 && series.downsampled);
-    let (status, body) = server.get("/api/v1/runs?project=p&param=lr=0.1").await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        serde_json::from_slice::<Vec<RunInfo>>(&body).unwrap().len(),
-        1
-    );
-    let (status, body) = server.get("/api/v1/openapi.json").await;
-    assert_eq!(status, StatusCode::OK);
-    assert!(
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let run: RunInfo = serde_json::from_slice(&body).unwrap();
+        assert_eq!((run.id.as_str(), run.attempt), ("r1", Some(0)));
+        let (status, body) = server.batch("r1", &loss("w", 0..2000)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            serde_json::from_slice::<Ack>(&body).unwrap().watermark,
+            2000
+        );
+        let (status, body) = server
+            .get("/api/v1/runs/r1/series?key=loss&buckets=100")
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let series: Series = serde_json::from_slice(&body).unwrap();
+        assert!(series.points.len() <= 100 && series.total == 2000 && series.downsampled);
+        let (status, body) = server.get("/api/v1/runs?project=p&param=lr=0.1").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            serde_json::from_slice::<Vec<RunInfo>>(&body).unwrap().len(),
+            1
+        );
+        let (status, body) = server.get("/api/v1/openapi.json").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(
         serde_json::from_slice::<serde_json::Value>(&body).unwrap()["paths"]["/runs/{id}/batches"]
             .is_object()
     );
+    }
 }
 
 #[tokio::test]
 async fn a_token_guards_every_data_path() {
-    let server = Server::new(Some("s3cret"), 1 << 20);
-    let (status, body) = server.get("/api/v1/runs").await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
-    let wrong = Request::builder()
-        .uri("/api/v1/runs")
-        .header(header::AUTHORIZATION, "Bearer nope")
-        .body(Body::empty())
-        .unwrap();
-    let (status, body) = server.send(wrong).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(error(&body).error.contains("wrong token"));
-    let right = Request::builder()
-        .uri("/api/v1/runs")
-        .header(header::AUTHORIZATION, "Bearer s3cret")
-        .body(Body::empty())
-        .unwrap();
-    assert_eq!(server.send(right).await.0, StatusCode::OK);
-    // The dashboard's cookie: good for reads (a download link), percent-
-    // decoded, never for writes.
-    let with_cookie = |method: &str, cookie: &str| {
-        Request::builder()
-            .method(method)
+    for server in Server::each(Some("s3cret"), 1 << 20) {
+        let (status, body) = server.get("/api/v1/runs").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
+        let wrong = Request::builder()
             .uri("/api/v1/runs")
-            .header(header::COOKIE, cookie)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(r#"{"project": "p", "attempt_token": "t"}"#))
-            .unwrap()
-    };
-    let cookie = "theme=dark; relaunch_token=s3cr%65t";
-    assert_eq!(
-        server.send(with_cookie("GET", cookie)).await.0,
-        StatusCode::OK
-    );
-    let (status, body) = server.send(with_cookie("POST", cookie)).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
-    let (status, body) = server.send(with_cookie("GET", "relaunch_token=nope")).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert!(error(&body).error.contains("wrong token"));
-    // Health stays open, for load balancers.
-    assert_eq!(server.get("/api/v1/health").await.0, StatusCode::OK);
+            .header(header::AUTHORIZATION, "Bearer nope")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = server.send(wrong).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(error(&body).error.contains("wrong token"));
+        let right = Request::builder()
+            .uri("/api/v1/runs")
+            .header(header::AUTHORIZATION, "Bearer s3cret")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(server.send(right).await.0, StatusCode::OK);
+        // The dashboard's cookie: good for reads (a download link), percent-
+        // decoded, never for writes.
+        let with_cookie = |method: &str, cookie: &str| {
+            Request::builder()
+                .method(method)
+                .uri("/api/v1/runs")
+                .header(header::COOKIE, cookie)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(r#"{"project": "p", "attempt_token": "t"}"#))
+                .unwrap()
+        };
+        let cookie = "theme=dark; relaunch_token=s3cr%65t";
+        assert_eq!(
+            server.send(with_cookie("GET", cookie)).await.0,
+            StatusCode::OK
+        );
+        let (status, body) = server.send(with_cookie("POST", cookie)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
+        let (status, body) = server.send(with_cookie("GET", "relaunch_token=nope")).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert!(error(&body).error.contains("wrong token"));
+        // Health stays open, for load balancers.
+        assert_eq!(server.get("/api/v1/health").await.0, StatusCode::OK);
+    }
 }
 
 #[tokio::test]
 async fn an_oversized_request_gets_413_naming_the_limit() {
-    let server = Server::new(None, 1000);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let (status, body) = server.batch("r", &loss("w", 0..1000)).await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    let e = error(&body);
-    assert_eq!(e.kind, "too_large");
-    assert!(
-        e.error.contains("limit of 1000 bytes") && e.error.contains("--max-request-bytes"),
-        "{}",
-        e.error
-    );
-    // Without a Content-Length (a stream), the limit holds too.
-    let mut bytes = Vec::new();
-    loss("w", 0..1000).encode(&mut bytes);
-    let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
-        bytes.chunks(100).map(|c| Ok(c.to_vec())).collect();
-    let request = Request::builder()
-        .method("POST")
-        .uri("/api/v1/runs/r/batches")
-        .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
-        .body(Body::from_stream(tokio_stream::iter(pieces)))
-        .unwrap();
-    assert_eq!(server.send(request).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    for server in Server::each(None, 1000) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let (status, body) = server.batch("r", &loss("w", 0..1000)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let e = error(&body);
+        assert_eq!(e.kind, "too_large");
+        assert!(
+            e.error.contains("limit of 1000 bytes") && e.error.contains("--max-request-bytes"),
+            "{}",
+            e.error
+        );
+        // Without a Content-Length (a stream), the limit holds too.
+        let mut bytes = Vec::new();
+        loss("w", 0..1000).encode(&mut bytes);
+        let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+            bytes.chunks(100).map(|c| Ok(c.to_vec())).collect();
+        let request = Request::builder()
+            .method("POST")
+            .uri("/api/v1/runs/r/batches")
+            .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+            .body(Body::from_stream(tokio_stream::iter(pieces)))
+            .unwrap();
+        assert_eq!(server.send(request).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    }
 }
 
 #[tokio::test]
 async fn bad_input_gets_clear_errors() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    // Names that could leave a directory, plain or encoded.
-    for bad in [
-        "..",
-        ".hidden",
-        "%2e%2e",
-        "a%2Fb",
-        "%2Fetc%2Fpasswd",
-        "a%00b",
-        "%5C..%5Cx",
-    ] {
-        let (status, body) = server.get(&format!("/api/v1/runs/{bad}")).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
-        assert!(error(&body).error.contains("is not allowed"), "{bad}");
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        // Names that could leave a directory, plain or encoded.
+        for bad in [
+            "..",
+            ".hidden",
+            "%2e%2e",
+            "a%2Fb",
+            "%2Fetc%2Fpasswd",
+            "a%00b",
+            "%5C..%5Cx",
+        ] {
+            let (status, body) = server.get(&format!("/api/v1/runs/{bad}")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+            assert!(error(&body).error.contains("is not allowed"), "{bad}");
+        }
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "../etc", "attempt_token": "t"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("project"));
+        let (status, body) = server
+            .json("POST", "/api/v1/runs", serde_json::json!({"project": 5}))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body)
+                .error
+                .contains("not valid JSON for this request")
+        );
+        // A batch that is not one.
+        let garbage = Request::builder()
+            .method("POST")
+            .uri("/api/v1/runs/r/batches")
+            .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+            .body(Body::from("{\"loss\": 1}"))
+            .unwrap();
+        let (status, body) = server.send(garbage).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("malformed batch"));
+        let json_batch = server
+            .json("POST", "/api/v1/runs/r/batches", serde_json::json!({}))
+            .await;
+        assert_eq!(json_batch.0, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&json_batch.1)
+                .error
+                .contains("application/x-relaunch-batch")
+        );
+        // A gap in a writer's records.
+        server.batch("r", &loss("w", 0..10)).await;
+        let mut gap = loss("w", 20..30);
+        gap.records.iter_mut().for_each(|(seq, _)| *seq += 5);
+        let (status, body) = server.batch("r", &gap).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(error(&body).error.contains("send from 11"));
+        // Unknown things.
+        assert_eq!(
+            server.get("/api/v1/runs/nope").await.0,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(server.get("/api/v1/nothing").await.0, StatusCode::NOT_FOUND);
+        let (status, body) = server.get("/api/v1/runs?colour=red").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("unknown filter"));
+        let (status, _) = server.get("/api/v1/runs/r/series").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (status, _) = server.get("/api/v1/runs/r/series?key=loss&buckets=0").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
     }
-    let (status, body) = server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"project": "../etc", "attempt_token": "t"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("project"));
-    let (status, body) = server
-        .json("POST", "/api/v1/runs", serde_json::json!({"project": 5}))
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&body)
-            .error
-            .contains("not valid JSON for this request")
-    );
-    // A batch that is not one.
-    let garbage = Request::builder()
-        .method("POST")
-        .uri("/api/v1/runs/r/batches")
-        .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
-        .body(Body::from("{\"loss\": 1}"))
-        .unwrap();
-    let (status, body) = server.send(garbage).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("malformed batch"));
-    let json_batch = server
-        .json("POST", "/api/v1/runs/r/batches", serde_json::json!({}))
-        .await;
-    assert_eq!(json_batch.0, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&json_batch.1)
-            .error
-            .contains("application/x-relaunch-batch")
-    );
-    // A gap in a writer's records.
-    server.batch("r", &loss("w", 0..10)).await;
-    let mut gap = loss("w", 20..30);
-    gap.records.iter_mut().for_each(|(seq, _)| *seq += 5);
-    let (status, body) = server.batch("r", &gap).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert!(error(&body).error.contains("send from 11"));
-    // Unknown things.
-    assert_eq!(
-        server.get("/api/v1/runs/nope").await.0,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(server.get("/api/v1/nothing").await.0, StatusCode::NOT_FOUND);
-    let (status, body) = server.get("/api/v1/runs?colour=red").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("unknown filter"));
-    let (status, _) = server.get("/api/v1/runs/r/series").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, _) = server.get("/api/v1/runs/r/series?key=loss&buckets=0").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
 async fn a_log_follow_wakes_when_lines_arrive() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let state = server.state.clone();
-    let follow = tokio::spawn(async move {
-        let request = Request::builder()
-            .uri("/api/v1/runs/r/logs?wait=30")
-            .body(Body::empty())
-            .unwrap();
-        let response = router(state).oneshot(request).await.unwrap();
-        axum::body::to_bytes(response.into_body(), usize::MAX)
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let state = server.state.clone();
+        let follow = tokio::spawn(async move {
+            let request = Request::builder()
+                .uri("/api/v1/runs/r/logs?wait=30")
+                .body(Body::empty())
+                .unwrap();
+            let response = router(state).oneshot(request).await.unwrap();
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap()
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(
+            !follow.is_finished(),
+            "the follow waits while there is nothing"
+        );
+        let lines = Batch {
+            writer: "w".into(),
+            attempt_token: "t".into(),
+            records: vec![(
+                1,
+                Record::Log {
+                    rank: 0,
+                    stream: relaunch_api::Stream::Stdout,
+                    wall: 0.0,
+                    text: "hi".into(),
+                },
+            )],
+        };
+        server.batch("r", &lines).await;
+        let body = tokio::time::timeout(std::time::Duration::from_secs(10), follow)
             .await
             .unwrap()
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(
-        !follow.is_finished(),
-        "the follow waits while there is nothing"
-    );
-    let lines = Batch {
-        writer: "w".into(),
-        attempt_token: "t".into(),
-        records: vec![(
-            1,
-            Record::Log {
-                rank: 0,
-                stream: relaunch_api::Stream::Stdout,
-                wall: 0.0,
-                text: "hi".into(),
-            },
-        )],
-    };
-    server.batch("r", &lines).await;
-    let body = tokio::time::timeout(std::time::Duration::from_secs(10), follow)
-        .await
-        .unwrap()
-        .unwrap();
-    let got: Vec<relaunch_api::LogLine> = serde_json::from_slice(&body).unwrap();
-    assert_eq!(got[0].text, "hi");
+            .unwrap();
+        let got: Vec<relaunch_api::LogLine> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got[0].text, "hi");
+    }
 }
 
 /// Regression: a batch numbered [1, 3] was stored (then record 2 was
 /// acknowledged and dropped), and numbers above 2^63-1 were clamped.
 #[tokio::test]
 async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let mut gap = loss("w", 0..3);
-    gap.records.remove(1);
-    let (status, body) = server.batch("r", &gap).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&body)
-            .error
-            .contains("must be consecutive: 3 follows 1"),
-        "{}",
-        error(&body).error
-    );
-    let mut huge = loss("w", 0..1);
-    huge.records[0].0 = 1 << 63;
-    let (status, body) = server.batch("r", &huge).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&body).error.contains("1 to 9223372036854775807"),
-        "{}",
-        error(&body).error
-    );
-    let (_, body) = server.get("/api/v1/runs/r/watermark?writer=w").await;
-    assert_eq!(serde_json::from_slice::<Ack>(&body).unwrap().watermark, 0);
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let mut gap = loss("w", 0..3);
+        gap.records.remove(1);
+        let (status, body) = server.batch("r", &gap).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body)
+                .error
+                .contains("must be consecutive: 3 follows 1"),
+            "{}",
+            error(&body).error
+        );
+        let mut huge = loss("w", 0..1);
+        huge.records[0].0 = 1 << 63;
+        let (status, body) = server.batch("r", &huge).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body).error.contains("1 to 9223372036854775807"),
+            "{}",
+            error(&body).error
+        );
+        let (_, body) = server.get("/api/v1/runs/r/watermark?writer=w").await;
+        assert_eq!(serde_json::from_slice::<Ack>(&body).unwrap().watermark, 0);
+    }
 }
 
 /// Regression: NaN and the infinities were written as JSON null.
 #[tokio::test]
 async fn non_finite_values_are_strings_in_json() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let mut batch = loss("w", 0..3);
-    for ((_, record), v) in
-        batch
-            .records
-            .iter_mut()
-            .zip([f64::NAN, f64::INFINITY, f64::NEG_INFINITY])
-    {
-        if let Record::Metrics { values, .. } = record {
-            values[0].1 = v;
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let mut batch = loss("w", 0..3);
+        for ((_, record), v) in
+            batch
+                .records
+                .iter_mut()
+                .zip([f64::NAN, f64::INFINITY, f64::NEG_INFINITY])
+        {
+            if let Record::Metrics { values, .. } = record {
+                values[0].1 = v;
+            }
         }
+        assert_eq!(server.batch("r", &batch).await.0, StatusCode::OK);
+        let (status, body) = server.get("/api/v1/runs/r/series?key=loss").await;
+        assert_eq!(status, StatusCode::OK);
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let values: Vec<&serde_json::Value> = json["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| &p["value"])
+            .collect();
+        assert_eq!(values, ["NaN", "Infinity", "-Infinity"]);
+        let series: Series = serde_json::from_slice(&body).unwrap();
+        assert!(series.points[0].value.is_nan());
+        assert_eq!(series.points[2].min, f64::NEG_INFINITY);
+        let (_, body) = server.get("/api/v1/runs/r/latest").await;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json[0]["value"], "-Infinity");
+        let (_, body) = server.get("/api/v1/latest?key=loss").await;
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json[0]["value"], "-Infinity", "{json}");
     }
-    assert_eq!(server.batch("r", &batch).await.0, StatusCode::OK);
-    let (status, body) = server.get("/api/v1/runs/r/series?key=loss").await;
-    assert_eq!(status, StatusCode::OK);
-    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let values: Vec<&serde_json::Value> = json["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| &p["value"])
-        .collect();
-    assert_eq!(values, ["NaN", "Infinity", "-Infinity"]);
-    let series: Series = serde_json::from_slice(&body).unwrap();
-    assert!(series.points[0].value.is_nan());
-    assert_eq!(series.points[2].min, f64::NEG_INFINITY);
-    let (_, body) = server.get("/api/v1/runs/r/latest").await;
-    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(json[0]["value"], "-Infinity");
-    let (_, body) = server.get("/api/v1/latest?key=loss").await;
-    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(json[0]["value"], "-Infinity", "{json}");
 }
 
 /// Regression: event data that was not JSON, or nested too deep, was
@@ -442,50 +458,51 @@ async fn non_finite_values_are_strings_in_json() {
 /// kinds could hold control characters.
 #[tokio::test]
 async fn event_data_kinds_and_writer_ids_are_checked() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let event = |kind: &str, data: String| Batch {
-        writer: "w".into(),
-        attempt_token: "t".into(),
-        records: vec![(
-            1,
-            Record::Event {
-                kind: kind.into(),
-                wall: 1.0,
-                text: String::new(),
-                data,
-            },
-        )],
-    };
-    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-    for (batch, says) in [
-        (event("note", "{not json".into()), "not valid JSON"),
-        (event("note", deep(65)), "more than 64"),
-        (event("bad\u{1b}[2Jkind", "{}".into()), "printable text"),
-        (
-            Batch {
-                writer: "../w".into(),
-                ..loss("w", 0..1)
-            },
-            "writer id \"../w\" is not allowed",
-        ),
-    ] {
-        let (status, body) = server.batch("r", &batch).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{says}");
-        assert!(error(&body).error.contains(says), "{}", error(&body).error);
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let event = |kind: &str, data: String| Batch {
+            writer: "w".into(),
+            attempt_token: "t".into(),
+            records: vec![(
+                1,
+                Record::Event {
+                    kind: kind.into(),
+                    wall: 1.0,
+                    text: String::new(),
+                    data,
+                },
+            )],
+        };
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        for (batch, says) in [
+            (event("note", "{not json".into()), "not valid JSON"),
+            (event("note", deep(65)), "more than 64"),
+            (event("bad\u{1b}[2Jkind", "{}".into()), "printable text"),
+            (
+                Batch {
+                    writer: "../w".into(),
+                    ..loss("w", 0..1)
+                },
+                "writer id \"../w\" is not allowed",
+            ),
+        ] {
+            let (status, body) = server.batch("r", &batch).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{says}");
+            assert!(error(&body).error.contains(says), "{}", error(&body).error);
+        }
+        let (status, _) = server.batch("r", &event("note", deep(64))).await;
+        assert_eq!(status, StatusCode::OK);
+        let (_, body) = server.get("/api/v1/runs/r/events").await;
+        let events: Vec<relaunch_api::Event> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data.to_string(), deep(64));
     }
-    let (status, _) = server.batch("r", &event("note", deep(64))).await;
-    assert_eq!(status, StatusCode::OK);
-    let (_, body) = server.get("/api/v1/runs/r/events").await;
-    let events: Vec<relaunch_api::Event> = serde_json::from_slice(&body).unwrap();
-    assert_eq!(events.len(), 1);
-    assert_eq!(events[0].data.to_string(), deep(64));
 }
 
 // --- files ---------------------------------------------------------------
@@ -531,159 +548,161 @@ impl Server {
 
 #[tokio::test]
 async fn a_file_is_committed_from_its_chunks_and_read_back_in_ranges() {
-    let server = Server::new(None, 1 << 20);
-    let (status, _) = server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
-    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
-    let manifest = serde_json::json!({
-        "name": "ckpt/model.pt",
-        "size": 1500,
-        "blake3": hex(&whole),
-        "chunks": [{"hash": hex(&a), "size": 1000}, {"hash": hex(&b), "size": 500}],
-    });
+    for server in Server::each(None, 1 << 20) {
+        let (status, _) = server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+        let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+        let manifest = serde_json::json!({
+            "name": "ckpt/model.pt",
+            "size": 1500,
+            "blake3": hex(&whole),
+            "chunks": [{"hash": hex(&a), "size": 1000}, {"hash": hex(&b), "size": 500}],
+        });
 
-    let (status, body) = server
-        .json(
-            "POST",
-            "/api/v1/chunks/missing",
-            serde_json::json!({"chunks": [hex(&a), hex(&b)]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    let missing: relaunch_api::MissingChunks = serde_json::from_slice(&body).unwrap();
-    assert_eq!(missing.missing, [hex(&a), hex(&b)]);
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/chunks/missing",
+                serde_json::json!({"chunks": [hex(&a), hex(&b)]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let missing: relaunch_api::MissingChunks = serde_json::from_slice(&body).unwrap();
+        assert_eq!(missing.missing, [hex(&a), hex(&b)]);
 
-    // Not visible before every chunk is in.
-    assert_eq!(
-        server.put_chunk(&hex(&a), &a).await.0,
-        StatusCode::NO_CONTENT
-    );
-    let (status, body) = server
-        .json("POST", "/api/v1/runs/r/files", manifest.clone())
-        .await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    assert!(
-        error(&body)
-            .error
-            .contains("1 of the file's 2 chunks are not on the server")
-    );
-    assert_eq!(
-        server.get("/api/v1/runs/r/files/ckpt/model.pt").await.0,
-        StatusCode::NOT_FOUND
-    );
+        // Not visible before every chunk is in.
+        assert_eq!(
+            server.put_chunk(&hex(&a), &a).await.0,
+            StatusCode::NO_CONTENT
+        );
+        let (status, body) = server
+            .json("POST", "/api/v1/runs/r/files", manifest.clone())
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(
+            error(&body)
+                .error
+                .contains("1 of the file's 2 chunks are not on the server")
+        );
+        assert_eq!(
+            server.get("/api/v1/runs/r/files/ckpt/model.pt").await.0,
+            StatusCode::NOT_FOUND
+        );
 
-    // A chunk whose bytes do not match its name is refused.
-    let (status, body) = server.put_chunk(&hex(&b), b"tampered").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&body).error.contains("damaged on the way"),
-        "{}",
-        error(&body).error
-    );
+        // A chunk whose bytes do not match its name is refused.
+        let (status, body) = server.put_chunk(&hex(&b), b"tampered").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body).error.contains("damaged on the way"),
+            "{}",
+            error(&body).error
+        );
 
-    assert_eq!(
-        server.put_chunk(&hex(&b), &b).await.0,
-        StatusCode::NO_CONTENT
-    );
-    let (status, _) = server.json("POST", "/api/v1/runs/r/files", manifest).await;
-    assert_eq!(status, StatusCode::CREATED);
-    let (status, body) = server.get("/api/v1/runs/r/files/ckpt/model.pt").await;
-    assert_eq!((status, body), (StatusCode::OK, whole.clone()));
-    let (status, body, range) = server
-        .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=990-1009")
-        .await;
-    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
-    assert_eq!(body, whole[990..1010]);
-    assert_eq!(range.as_deref(), Some("bytes 990-1009/1500"));
-    let (status, _, range) = server
-        .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=1500-")
-        .await;
-    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
-    assert_eq!(range.as_deref(), Some("bytes */1500"));
+        assert_eq!(
+            server.put_chunk(&hex(&b), &b).await.0,
+            StatusCode::NO_CONTENT
+        );
+        let (status, _) = server.json("POST", "/api/v1/runs/r/files", manifest).await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, body) = server.get("/api/v1/runs/r/files/ckpt/model.pt").await;
+        assert_eq!((status, body), (StatusCode::OK, whole.clone()));
+        let (status, body, range) = server
+            .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=990-1009")
+            .await;
+        assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(body, whole[990..1010]);
+        assert_eq!(range.as_deref(), Some("bytes 990-1009/1500"));
+        let (status, _, range) = server
+            .range("/api/v1/runs/r/files/ckpt/model.pt", "bytes=1500-")
+            .await;
+        assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(range.as_deref(), Some("bytes */1500"));
 
-    let (_, body) = server.get("/api/v1/runs/r/files").await;
-    let files: Vec<relaunch_api::FileInfo> = serde_json::from_slice(&body).unwrap();
-    assert_eq!(files.len(), 1);
-    assert_eq!((files[0].size, files[0].chunks), (1500, 2));
+        let (_, body) = server.get("/api/v1/runs/r/files").await;
+        let files: Vec<relaunch_api::FileInfo> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!((files[0].size, files[0].chunks), (1500, 2));
+    }
 }
 
 #[tokio::test]
 async fn bad_file_requests_get_clear_errors() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let data = vec![7u8; 10];
-    let good = serde_json::json!({"hash": hex(&data), "size": 10});
-    for (manifest, says) in [
-        (
-            serde_json::json!({"name": "../x", "size": 10, "blake3": hex(&data), "chunks": [good]}),
-            "file name",
-        ),
-        (
-            serde_json::json!({"name": "/abs", "size": 10, "blake3": hex(&data), "chunks": [good]}),
-            "file name",
-        ),
-        (
-            serde_json::json!({"name": "x", "size": 11, "blake3": hex(&data), "chunks": [good]}),
-            "add up to 10 bytes",
-        ),
-        (
-            serde_json::json!({"name": "x", "size": 10, "blake3": "zz", "chunks": [good]}),
-            "not a BLAKE3 hash",
-        ),
-        (
-            serde_json::json!({"name": "x", "size": 0, "blake3": hex(&data), "chunks": [{"hash": hex(&data), "size": 0}]}),
-            "1 to",
-        ),
-        (serde_json::json!({"name": "x"}), "not valid JSON"),
-    ] {
-        let (status, body) = server
-            .json("POST", "/api/v1/runs/r/files", manifest.clone())
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
             .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{manifest}");
-        assert!(
-            error(&body).error.contains(says),
-            "{manifest}: {}",
-            error(&body).error
-        );
+        let data = vec![7u8; 10];
+        let good = serde_json::json!({"hash": hex(&data), "size": 10});
+        for (manifest, says) in [
+            (
+                serde_json::json!({"name": "../x", "size": 10, "blake3": hex(&data), "chunks": [good]}),
+                "file name",
+            ),
+            (
+                serde_json::json!({"name": "/abs", "size": 10, "blake3": hex(&data), "chunks": [good]}),
+                "file name",
+            ),
+            (
+                serde_json::json!({"name": "x", "size": 11, "blake3": hex(&data), "chunks": [good]}),
+                "add up to 10 bytes",
+            ),
+            (
+                serde_json::json!({"name": "x", "size": 10, "blake3": "zz", "chunks": [good]}),
+                "not a BLAKE3 hash",
+            ),
+            (
+                serde_json::json!({"name": "x", "size": 0, "blake3": hex(&data), "chunks": [{"hash": hex(&data), "size": 0}]}),
+                "1 to",
+            ),
+            (serde_json::json!({"name": "x"}), "not valid JSON"),
+        ] {
+            let (status, body) = server
+                .json("POST", "/api/v1/runs/r/files", manifest.clone())
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{manifest}");
+            assert!(
+                error(&body).error.contains(says),
+                "{manifest}: {}",
+                error(&body).error
+            );
+        }
+        let (status, body) = server.put_chunk("../../etc/passwd", &data).await;
+        assert!(status.is_client_error(), "{status}");
+        assert!(!body.is_empty());
+        let big = vec![0u8; relaunch_api::files::CHUNK_MAX + 1];
+        let (status, body) = server.put_chunk(&hex(&big), &big).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(error(&body).error.contains("4194304 bytes"));
+        for path in [
+            "/api/v1/runs/r/files/..%2f..%2fetc/passwd",
+            "/api/v1/runs/r/files/a//b",
+            "/api/v1/runs/nope/files/x",
+        ] {
+            let (status, body) = server.get(path).await;
+            assert!(status.is_client_error(), "{path}: {status}");
+            assert!(!error(&body).error.is_empty());
+        }
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/chunks/missing",
+                serde_json::json!({"chunks": ["nope"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("64 lowercase hex digits"));
     }
-    let (status, body) = server.put_chunk("../../etc/passwd", &data).await;
-    assert!(status.is_client_error(), "{status}");
-    assert!(!body.is_empty());
-    let big = vec![0u8; relaunch_api::files::CHUNK_MAX + 1];
-    let (status, body) = server.put_chunk(&hex(&big), &big).await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(error(&body).error.contains("4194304 bytes"));
-    for path in [
-        "/api/v1/runs/r/files/..%2f..%2fetc/passwd",
-        "/api/v1/runs/r/files/a//b",
-        "/api/v1/runs/nope/files/x",
-    ] {
-        let (status, body) = server.get(path).await;
-        assert!(status.is_client_error(), "{path}: {status}");
-        assert!(!error(&body).error.is_empty());
-    }
-    let (status, body) = server
-        .json(
-            "POST",
-            "/api/v1/chunks/missing",
-            serde_json::json!({"chunks": ["nope"]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("64 lowercase hex digits"));
 }
 
 /// Regression: a manifest whose chunk sizes or hash were not those of its
@@ -691,197 +710,200 @@ async fn bad_file_requests_get_clear_errors() {
 /// larger) or served truncated bytes (declared smaller).
 #[tokio::test]
 async fn a_manifest_must_match_its_chunks_bytes() {
-    let server = Server::new(None, 1 << 20);
-    server
-        .json(
-            "POST",
-            "/api/v1/runs",
-            serde_json::json!({"id": "r", "attempt_token": "t"}),
-        )
-        .await;
-    let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
-    let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
-    server.put_chunk(&hex(&a), &a).await;
-    server.put_chunk(&hex(&b), &b).await;
-    let manifest = |name: &str, blake3: &str, sizes: [u64; 2]| {
-        serde_json::json!({
-            "name": name,
-            "size": sizes[0] + sizes[1],
-            "blake3": blake3,
-            "chunks": [
-                {"hash": hex(&a), "size": sizes[0]},
-                {"hash": hex(&b), "size": sizes[1]},
-            ],
-        })
-    };
-    for (sizes, says) in [
-        ([4000, 500], "chunk 0 ("),
-        ([1000, 499], "chunk 1 ("),
-        (
-            [999, 500],
-            "declared as 999 bytes, but the stored chunk with that hash holds 1000",
-        ),
-    ] {
-        let (status, body) = server
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+        let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+        server.put_chunk(&hex(&a), &a).await;
+        server.put_chunk(&hex(&b), &b).await;
+        let manifest = |name: &str, blake3: &str, sizes: [u64; 2]| {
+            serde_json::json!({
+                "name": name,
+                "size": sizes[0] + sizes[1],
+                "blake3": blake3,
+                "chunks": [
+                    {"hash": hex(&a), "size": sizes[0]},
+                    {"hash": hex(&b), "size": sizes[1]},
+                ],
+            })
+        };
+        for (sizes, says) in [
+            ([4000, 500], "chunk 0 ("),
+            ([1000, 499], "chunk 1 ("),
+            (
+                [999, 500],
+                "declared as 999 bytes, but the stored chunk with that hash holds 1000",
+            ),
+        ] {
+            let (status, body) = server
+                .json(
+                    "POST",
+                    "/api/v1/runs/r/files",
+                    manifest("x", &hex(&whole), sizes),
+                )
+                .await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{sizes:?}");
+            assert!(error(&body).error.contains(says), "{}", error(&body).error);
+        }
+        assert_eq!(
+            server.get("/api/v1/runs/r/files/x").await.0,
+            StatusCode::NOT_FOUND
+        );
+
+        // One chunk: the file's hash is the chunk's, checked at commit.
+        let one = serde_json::json!({
+            "name": "one", "size": 1000, "blake3": hex(&b),
+            "chunks": [{"hash": hex(&a), "size": 1000}],
+        });
+        let (status, body) = server.json("POST", "/api/v1/runs/r/files", one).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body).error.contains("its bytes hash to"),
+            "{}",
+            error(&body).error
+        );
+        let empty = serde_json::json!({"name": "e", "size": 0, "blake3": hex(&a), "chunks": []});
+        let (status, _) = server.json("POST", "/api/v1/runs/r/files", empty).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+
+        // Several chunks with a wrong whole hash: the full download is cut
+        // before its last bytes; a range is served (the reader checks the whole).
+        let (status, _) = server
             .json(
                 "POST",
                 "/api/v1/runs/r/files",
-                manifest("x", &hex(&whole), sizes),
+                manifest("lie", &hex(b"lie"), [1000, 500]),
             )
             .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{sizes:?}");
-        assert!(error(&body).error.contains(says), "{}", error(&body).error);
-    }
-    assert_eq!(
-        server.get("/api/v1/runs/r/files/x").await.0,
-        StatusCode::NOT_FOUND
-    );
-
-    // One chunk: the file's hash is the chunk's, checked at commit.
-    let one = serde_json::json!({
-        "name": "one", "size": 1000, "blake3": hex(&b),
-        "chunks": [{"hash": hex(&a), "size": 1000}],
-    });
-    let (status, body) = server.json("POST", "/api/v1/runs/r/files", one).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(
-        error(&body).error.contains("its bytes hash to"),
-        "{}",
-        error(&body).error
-    );
-    let empty = serde_json::json!({"name": "e", "size": 0, "blake3": hex(&a), "chunks": []});
-    let (status, _) = server.json("POST", "/api/v1/runs/r/files", empty).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-
-    // Several chunks with a wrong whole hash: the full download is cut
-    // before its last bytes; a range is served (the reader checks the whole).
-    let (status, _) = server
-        .json(
-            "POST",
-            "/api/v1/runs/r/files",
-            manifest("lie", &hex(b"lie"), [1000, 500]),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
-    let response = router(server.state.clone())
-        .oneshot(
-            Request::builder()
-                .uri("/api/v1/runs/r/files/lie")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert!(
-        axum::body::to_bytes(response.into_body(), usize::MAX)
+        assert_eq!(status, StatusCode::CREATED);
+        let response = router(server.state.clone())
+            .oneshot(
+                Request::builder()
+                    .uri("/api/v1/runs/r/files/lie")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
             .await
-            .is_err()
-    );
-    let (status, body, _) = server.range("/api/v1/runs/r/files/lie", "bytes=0-9").await;
-    assert_eq!(
-        (status, body),
-        (StatusCode::PARTIAL_CONTENT, whole[..10].to_vec())
-    );
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(
+            axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .is_err()
+        );
+        let (status, body, _) = server.range("/api/v1/runs/r/files/lie", "bytes=0-9").await;
+        assert_eq!(
+            (status, body),
+            (StatusCode::PARTIAL_CONTENT, whole[..10].to_vec())
+        );
 
-    // The true manifest commits and reads back whole.
-    let (status, _) = server
-        .json(
-            "POST",
-            "/api/v1/runs/r/files",
-            manifest("x", &hex(&whole), [1000, 500]),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(
-        server.get("/api/v1/runs/r/files/x").await,
-        (StatusCode::OK, whole)
-    );
+        // The true manifest commits and reads back whole.
+        let (status, _) = server
+            .json(
+                "POST",
+                "/api/v1/runs/r/files",
+                manifest("x", &hex(&whole), [1000, 500]),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(
+            server.get("/api/v1/runs/r/files/x").await,
+            (StatusCode::OK, whole)
+        );
+    }
 }
 
 /// The dashboard's pages are static and open; the data they show is not.
 #[tokio::test]
 async fn the_dashboard_is_served_outside_the_token_guard() {
-    let server = Server::new(Some("s3cret"), 1 << 20);
-    for page in ["/", "/runs/abc", "/runs/a.b-c", "/compare"] {
+    for server in Server::each(Some("s3cret"), 1 << 20) {
+        for page in ["/", "/runs/abc", "/runs/a.b-c", "/compare"] {
+            let response = router(server.state.clone())
+                .oneshot(Request::builder().uri(page).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{page}");
+            assert_eq!(
+                response.headers()[header::CONTENT_TYPE],
+                "text/html; charset=utf-8"
+            );
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert!(String::from_utf8_lossy(&body).contains("/assets/app.js"));
+        }
         let response = router(server.state.clone())
-            .oneshot(Request::builder().uri(page).body(Body::empty()).unwrap())
+            .oneshot(
+                Request::builder()
+                    .uri("/assets/vendor/uplot/uPlot.esm.js")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
             .await
             .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "{page}");
+        assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
-            "text/html; charset=utf-8"
+            "text/javascript; charset=utf-8"
         );
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
+        let etag = response.headers()[header::ETAG].clone();
+        let again = Request::builder()
+            .uri("/assets/vendor/uplot/uPlot.esm.js")
+            .header(header::IF_NONE_MATCH, etag)
+            .body(Body::empty())
             .unwrap();
-        assert!(String::from_utf8_lossy(&body).contains("/assets/app.js"));
+        assert_eq!(server.send(again).await.0, StatusCode::NOT_MODIFIED);
+        assert_eq!(server.get("/assets/nope.js").await.0, StatusCode::NOT_FOUND);
+        // The API stays guarded, and unknown API paths stay JSON errors.
+        assert_eq!(
+            server.get("/api/v1/latest?key=loss").await.0,
+            StatusCode::UNAUTHORIZED
+        );
+        let (status, body) = server.get("/api/v1/nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(error(&body).error.contains("no such API path"));
     }
-    let response = router(server.state.clone())
-        .oneshot(
-            Request::builder()
-                .uri("/assets/vendor/uplot/uPlot.esm.js")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(
-        response.headers()[header::CONTENT_TYPE],
-        "text/javascript; charset=utf-8"
-    );
-    let etag = response.headers()[header::ETAG].clone();
-    let again = Request::builder()
-        .uri("/assets/vendor/uplot/uPlot.esm.js")
-        .header(header::IF_NONE_MATCH, etag)
-        .body(Body::empty())
-        .unwrap();
-    assert_eq!(server.send(again).await.0, StatusCode::NOT_MODIFIED);
-    assert_eq!(server.get("/assets/nope.js").await.0, StatusCode::NOT_FOUND);
-    // The API stays guarded, and unknown API paths stay JSON errors.
-    assert_eq!(
-        server.get("/api/v1/latest?key=loss").await.0,
-        StatusCode::UNAUTHORIZED
-    );
-    let (status, body) = server.get("/api/v1/nope").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-    assert!(error(&body).error.contains("no such API path"));
 }
 
 #[tokio::test]
 async fn latest_values_of_many_runs_in_one_request() {
-    let server = Server::new(None, 1 << 20);
-    for id in ["r1", "r2"] {
-        let (status, _) = server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"project": "p", "id": id, "attempt_token": "t"}),
-            )
-            .await;
+    for server in Server::each(None, 1 << 20) {
+        for id in ["r1", "r2"] {
+            let (status, _) = server
+                .json(
+                    "POST",
+                    "/api/v1/runs",
+                    serde_json::json!({"project": "p", "id": id, "attempt_token": "t"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        assert_eq!(
+            server.batch("r1", &loss("w", 0..10)).await.0,
+            StatusCode::OK
+        );
+        let (status, body) = server.get("/api/v1/keys?project=p").await;
         assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            serde_json::from_slice::<Vec<String>>(&body).unwrap(),
+            ["loss"]
+        );
+        let (status, body) = server.get("/api/v1/latest?project=p&key=loss").await;
+        assert_eq!(status, StatusCode::OK);
+        let latest: Vec<relaunch_api::RunLatest> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(latest.len(), 1);
+        assert_eq!((latest[0].run.as_str(), latest[0].latest.step), ("r1", 9));
+        let (status, body) = server.get("/api/v1/latest?project=p").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("key=NAME"));
+        let (status, body) = server.get("/api/v1/keys?color=red").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("unknown filter"));
     }
-    assert_eq!(
-        server.batch("r1", &loss("w", 0..10)).await.0,
-        StatusCode::OK
-    );
-    let (status, body) = server.get("/api/v1/keys?project=p").await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        serde_json::from_slice::<Vec<String>>(&body).unwrap(),
-        ["loss"]
-    );
-    let (status, body) = server.get("/api/v1/latest?project=p&key=loss").await;
-    assert_eq!(status, StatusCode::OK);
-    let latest: Vec<relaunch_api::RunLatest> = serde_json::from_slice(&body).unwrap();
-    assert_eq!(latest.len(), 1);
-    assert_eq!((latest[0].run.as_str(), latest[0].latest.step), ("r1", 9));
-    let (status, body) = server.get("/api/v1/latest?project=p").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("key=NAME"));
-    let (status, body) = server.get("/api/v1/keys?color=red").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(error(&body).error.contains("unknown filter"));
 }

@@ -1,42 +1,26 @@
 //! The storage conformance suite: every backend must pass all of it. A new
-//! backend adds one line to `backends()`.
+//! backend adds a `Place` in `backends/mod.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod backends;
 
 use relaunch_api::{Batch, Record, RunFilter, RunInit, RunPatch, RunStatus, SeriesQuery, Stream};
-use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::storage::sqlite::Durability;
 use relaunch_server::storage::{Storage, StorageError};
 
-type Make = fn(&std::path::Path) -> Arc<dyn Storage>;
+use backends::POSTGRES_ENV;
 
-fn backends() -> Vec<(&'static str, Make)> {
-    vec![("sqlite", |dir| {
-        Arc::new(SqliteStorage::open(dir, Durability::Fsync).unwrap())
-    })]
-}
-
-/// Runs `test` against a fresh instance of every backend.
-fn each_backend(test: impl Fn(&dyn Storage, &std::path::Path)) {
-    for (name, make) in backends() {
-        let dir = temp_dir(name);
-        let storage = make(&dir);
-        test(storage.as_ref(), &dir);
+/// Runs `test` against a fresh instance of every backend (its name the
+/// second argument, for messages).
+fn each_backend(test: impl Fn(&dyn Storage, &str)) {
+    for place in backends::places("storage") {
+        let storage = place.open(Durability::Fsync);
+        assert_eq!(storage.name(), place.name());
+        test(storage.as_ref(), place.name());
         drop(storage);
-        let _ = std::fs::remove_dir_all(&dir);
+        backends::remove(&place);
     }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "relaunch-storage-{name}-{}-{}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn init(project: &str, id: Option<&str>, token: &str) -> RunInit {
@@ -738,19 +722,18 @@ fn one_log_call_of_several_keys_and_a_batch_of_a_new_attempt() {
 
 #[test]
 fn data_survives_reopening() {
-    for (_, make) in backends() {
-        let dir = temp_dir("reopen");
+    for place in backends::places("reopen") {
         {
-            let s = make(&dir);
+            let s = place.open(Durability::Fsync);
             s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
             s.ingest("r", &metrics("w", 1, "loss", 0..10, 0), 0.0)
                 .unwrap();
         }
-        let s = make(&dir);
+        let s = place.open(Durability::Fsync);
         assert_eq!(s.watermark("r", "w").unwrap(), 10);
         assert_eq!(s.series("r", &all("loss")).unwrap().total, 10);
         drop(s);
-        let _ = std::fs::remove_dir_all(&dir);
+        backends::remove(&place);
     }
 }
 
@@ -877,4 +860,16 @@ fn a_committed_file_replaces_the_one_of_the_same_name_whole() {
             Err(StorageError::NotFound(_))
         ));
     });
+}
+
+/// CI must run the PostgreSQL half of the suite, not skip it quietly.
+#[test]
+fn postgres_runs_under_ci() {
+    if std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false") {
+        assert!(
+            backends::admin_url().is_some(),
+            "CI is set but {POSTGRES_ENV} is not: the PostgreSQL runs of the storage suite \
+             would be skipped; run the tests through scripts/test.sh, which starts PostgreSQL"
+        );
+    }
 }

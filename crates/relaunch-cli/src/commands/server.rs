@@ -1,8 +1,12 @@
-//! `relaunch server`: the tracking server on the embedded storage.
+//! `relaunch server`: the tracking server on the embedded storage (SQLite
+//! in `--data-dir`) or on PostgreSQL (`--database`).
 
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
+use relaunch_server::Storage;
+use relaunch_server::storage::StorageError;
+use relaunch_server::storage::postgres::PgStorage;
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
 use relaunch_server::{AppState, ConnLimits, FileStore, TOKEN_ENV, check_exposure, check_token};
 
@@ -47,29 +51,64 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             DurabilityArg::Fsync => Durability::Fsync,
             DurabilityArg::Process => Durability::Process,
         };
-        let storage = Arc::new(
-            SqliteStorage::open(&args.data_dir, durability)
-                .with_context(|| {
-                    format!("cannot open the data directory {}", args.data_dir.display())
-                })?
-                .with_max_readers(args.max_readers),
-        );
+        let opened = open_storage(args, durability)?;
+        let storage = opened.storage.clone();
         let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
             format!("cannot open the file store in {}", args.data_dir.display())
         })?;
-        let state = AppState::new(storage.clone(), files, token, args.max_request_bytes)
+        let state = AppState::new(storage, files, token, args.max_request_bytes)
             .with_max_readers(args.max_readers);
         output::status(&format!(
-            "relaunch server: http://{addr} (data in {})",
-            args.data_dir.display()
+            "relaunch server: http://{addr} ({})",
+            opened.place
         ));
         relaunch_server::serve_with(listener, state, limits, shutdown)
             .await
             .context("the server failed")?;
         // Every queued write commits before the process ends.
-        storage.close();
+        if let Some(sqlite) = &opened.sqlite {
+            sqlite.close();
+        }
         tracing::info!("stopped");
         Ok(0)
+    })
+}
+
+/// The storage the server runs on, and where its data is, for the start line.
+struct Opened {
+    storage: Arc<dyn Storage>,
+    /// The embedded backend, which queues writes that must commit before exit.
+    sqlite: Option<Arc<SqliteStorage>>,
+    place: String,
+}
+
+fn open_storage(args: &ServerArgs, durability: Durability) -> anyhow::Result<Opened> {
+    if let Some(url) = &args.database {
+        // The message names the database without its password, and the fix.
+        let pg = PgStorage::open(url, durability, args.max_readers).map_err(|e| match e {
+            StorageError::Invalid(m) | StorageError::Backend(m) => anyhow::anyhow!("{m}"),
+            other => anyhow::anyhow!("--database: {other}"),
+        })?;
+        let place = format!(
+            "database postgres {}, files in {}",
+            pg.database(),
+            args.data_dir.display()
+        );
+        return Ok(Opened {
+            storage: Arc::new(pg),
+            sqlite: None,
+            place,
+        });
+    }
+    let sqlite = Arc::new(
+        SqliteStorage::open(&args.data_dir, durability)
+            .with_context(|| format!("cannot open the data directory {}", args.data_dir.display()))?
+            .with_max_readers(args.max_readers),
+    );
+    Ok(Opened {
+        storage: sqlite.clone(),
+        sqlite: Some(sqlite),
+        place: format!("data in {}", args.data_dir.display()),
     })
 }
 

@@ -5,6 +5,10 @@
 pub mod blobs;
 pub mod chunk;
 pub mod downsample;
+pub mod filter;
+pub mod ingest;
+pub mod postgres;
+pub mod runs;
 pub mod sqlite;
 mod writeback;
 

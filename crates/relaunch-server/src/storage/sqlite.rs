@@ -22,8 +22,11 @@ use relaunch_api::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use serde_json::Value;
 
-use super::chunk::{self, BLOCK, CHUNK_MAX, Point, Summary};
+use super::chunk::{self, BLOCK, Point, Summary};
 use super::downsample::{ChunkMeta, ChunkSource, assemble};
+use super::filter::{self, ParamValue};
+use super::ingest::{self, Plan};
+use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::{Storage, StorageError};
 
 /// What an acknowledged write survives.
@@ -362,10 +365,6 @@ fn write_loop(conn: Connection, rx: mpsc::Receiver<Job>) {
     }
 }
 
-fn now_or(t: f64) -> f64 {
-    if t.is_finite() { t } else { 0.0 }
-}
-
 fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
     let tags: String = row.get("tags")?;
     let config: String = row.get("config")?;
@@ -379,9 +378,9 @@ fn run_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunInfo> {
         updated_at: row.get("updated_at")?,
         attempts: row.get("attempts")?,
         attempt: None,
-        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        tags: runs::tags_from(&tags),
         notes: row.get("notes")?,
-        config: serde_json::from_str(&config).unwrap_or(Value::Null),
+        config: runs::json_from(&config),
     })
 }
 
@@ -412,7 +411,7 @@ fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
     conn.query_row(&format!("{RUN_SELECT} WHERE r.id = ?1"), [id], run_row)
         .optional()
         .map_err(backend)?
-        .ok_or_else(|| StorageError::NotFound(format!("no run {id:?}")))
+        .ok_or_else(|| runs::no_run(id))
 }
 
 /// The runs that `filter` selects, newest first, as SQL selecting
@@ -422,11 +421,7 @@ fn filtered_runs(
     filter: &RunFilter,
     columns: &str,
 ) -> Result<(String, Vec<rusqlite::types::Value>), StorageError> {
-    let params_filter = filter
-        .param
-        .iter()
-        .map(|p| parse_param(p))
-        .collect::<Result<Vec<_>, _>>()?;
+    let params_filter = filter::params(filter)?;
     let mut sql =
         format!("SELECT {columns} FROM runs r JOIN projects p ON p.id = r.project_id WHERE 1=1");
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
@@ -445,16 +440,19 @@ fn filtered_runs(
             args.len()
         ));
     }
-    for (path, value) in params_filter {
-        args.push(path.into());
+    for param in params_filter {
+        args.push(json_path(&param.path).into());
         let p = args.len();
-        args.push(value);
+        args.push(match param.value {
+            ParamValue::Integer(i) => rusqlite::types::Value::Integer(i),
+            ParamValue::Real(r) => rusqlite::types::Value::Real(r),
+            ParamValue::Text(t) => rusqlite::types::Value::Text(t),
+        });
         let v = args.len();
         sql.push_str(&format!(" AND json_extract(r.config, ?{p}) = ?{v}"));
     }
     sql.push_str(" ORDER BY r.created_at DESC, r.id");
-    let limit = filter.limit.unwrap_or(10_000).min(100_000);
-    sql.push_str(&format!(" LIMIT {limit}"));
+    sql.push_str(&format!(" LIMIT {}", filter::limit(filter)));
     Ok((sql, args))
 }
 
@@ -465,10 +463,6 @@ fn project_id(conn: &Connection, name: &str) -> Result<i64, StorageError> {
         r.get(0)
     })
     .map_err(backend)
-}
-
-fn new_run_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
 impl Storage for SqliteStorage {
@@ -482,7 +476,7 @@ impl Storage for SqliteStorage {
         self.write(move |conn| {
             let project = init.project.as_deref().unwrap_or(DEFAULT_PROJECT);
             let project_id = project_id(conn, project)?;
-            let id = init.id.clone().unwrap_or_else(new_run_id);
+            let id = init.id.clone().unwrap_or_else(runs::new_run_id);
             let existing = conn
                 .query_row("SELECT project_id, project_set FROM runs WHERE id = ?1", [&id], |r| {
                     Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?))
@@ -490,24 +484,21 @@ impl Storage for SqliteStorage {
                 .optional()
                 .map_err(backend)?;
             let config = init.config.clone().unwrap_or(Value::Object(Default::default()));
-            match existing {
-                Some((pid, _)) if init.project.is_none() || pid == project_id => {}
-                // Opened without a project so far: the first one named is its project.
-                Some((_, false)) => {
-                    conn.execute(
-                        "UPDATE runs SET project_id = ?2, project_set = 1 WHERE id = ?1",
-                        params![id, project_id],
-                    )
-                    .map_err(backend)?;
+            if let Some((pid, set)) = existing {
+                match runs::project_rule(init.project.is_some(), pid == project_id, set) {
+                    ProjectRule::Keep => {}
+                    ProjectRule::Adopt => {
+                        conn.execute(
+                            "UPDATE runs SET project_id = ?2, project_set = 1 WHERE id = ?1",
+                            params![id, project_id],
+                        )
+                        .map_err(backend)?;
+                    }
+                    ProjectRule::Refuse => {
+                        let theirs = get_run(conn, &id)?.project;
+                        return Err(runs::project_conflict(&id, &theirs, project));
+                    }
                 }
-                Some((_, true)) => {
-                    let theirs = get_run(conn, &id)?.project;
-                    return Err(StorageError::Conflict(format!(
-                        "run {id:?} belongs to project {theirs:?}, not {project:?}; \
-                         use another run id or that project"
-                    )));
-                }
-                None => {}
             }
             match existing {
                 Some(_) => {
@@ -530,7 +521,7 @@ impl Storage for SqliteStorage {
                     if !init.tags.is_empty() {
                         conn.execute(
                             "UPDATE runs SET tags = ?2 WHERE id = ?1",
-                            params![id, serde_json::to_string(&init.tags).unwrap_or_default()],
+                            params![id, runs::tags_json(&init.tags)],
                         )
                         .map_err(backend)?;
                     }
@@ -548,7 +539,7 @@ impl Storage for SqliteStorage {
                             project_id,
                             init.name.clone().unwrap_or_else(|| id.clone()),
                             now,
-                            serde_json::to_string(&init.tags).unwrap_or_else(|_| "[]".into()),
+                            runs::tags_json(&init.tags),
                             init.notes.clone().unwrap_or_default(),
                             config.to_string(),
                             init.project.is_some(),
@@ -582,7 +573,7 @@ impl Storage for SqliteStorage {
             if let Some(tags) = &patch.tags {
                 conn.execute(
                     "UPDATE runs SET tags = ?2 WHERE id = ?1",
-                    params![id, serde_json::to_string(tags).unwrap_or_default()],
+                    params![id, runs::tags_json(tags)],
                 )
                 .map_err(backend)?;
             }
@@ -717,7 +708,7 @@ impl Storage for SqliteStorage {
                 .query_row("SELECT id FROM keys WHERE run_id = ?1 AND name = ?2", params![run, query.key], |r| r.get(0))
                 .optional()
                 .map_err(backend)?
-                .ok_or_else(|| StorageError::NotFound(format!("run {run:?} has no metric {:?}", query.key)))?;
+                .ok_or_else(|| runs::no_metric(run, &query.key))?;
             let rank: u32 = match query.rank {
                 Some(rank) => rank,
                 None => conn
@@ -755,13 +746,7 @@ impl Storage for SqliteStorage {
                 .map_err(backend)?;
             let mut source = SqliteChunks { conn };
             let (total, points) = assemble(&chunks, query, &mut source)?;
-            Ok(Series {
-                key: query.key.clone(),
-                rank,
-                total,
-                downsampled: points.len() as u64 != total,
-                points,
-            })
+            Ok(runs::series(query, rank, total, points))
         })
     }
 
@@ -809,7 +794,7 @@ impl Storage for SqliteStorage {
                 )
                 .map_err(backend)?;
             let rows = stmt
-                .query_map(params![run, after, rank, limit.min(100_000)], log_line)
+                .query_map(params![run, after, rank, limit.min(MAX_PAGE)], log_line)
                 .map_err(backend)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
@@ -827,7 +812,7 @@ impl Storage for SqliteStorage {
                 )
                 .map_err(backend)?;
             let mut rows = stmt
-                .query_map(params![run, rank, n.min(100_000)], log_line)
+                .query_map(params![run, rank, n.min(MAX_PAGE)], log_line)
                 .map_err(backend)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
@@ -851,7 +836,7 @@ impl Storage for SqliteStorage {
                         attempt: r.get(2)?,
                         wall: r.get(3)?,
                         text: r.get(4)?,
-                        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+                        data: runs::json_from(&data),
                     })
                 })
                 .map_err(backend)?
@@ -870,8 +855,7 @@ impl Storage for SqliteStorage {
         let (run, file, now) = (run.to_owned(), file.clone(), now_or(now));
         self.write(move |conn| {
             get_run(conn, &run)?;
-            let chunks = serde_json::to_string(&file.chunks)
-                .map_err(|e| StorageError::Invalid(e.to_string()))?;
+            let chunks = runs::chunks_json(&file.chunks)?;
             conn.execute(
                 "INSERT OR REPLACE INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -928,22 +912,13 @@ impl Storage for SqliteStorage {
                 .optional()
                 .map_err(backend)?;
             let Some((info, chunks)) = found else {
-                return Err(StorageError::NotFound(format!(
-                    "run {run:?} has no file {name:?}"
-                )));
+                return Err(runs::no_file(run, name));
             };
-            let chunks: Vec<ChunkRef> = serde_json::from_str(&chunks).map_err(|e| {
-                StorageError::Corrupt(format!(
-                    "the chunk list of file {name:?} of run {run:?}: {e}"
-                ))
-            })?;
-            Ok((info, chunks))
+            Ok((info, runs::chunks_from(&chunks, run, name)?))
         })
     }
 }
 
-/// `path=value` of a param filter: the JSON path for `json_extract` and the
-/// value, as JSON when it parses, else as text.
 fn file_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {
     Ok(FileInfo {
         name: row.get(0)?,
@@ -954,41 +929,16 @@ fn file_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {
     })
 }
 
-fn parse_param(text: &str) -> Result<(String, rusqlite::types::Value), StorageError> {
-    let (path, value) = text.split_once('=').ok_or_else(|| {
-        StorageError::Invalid(format!(
-            "param filter {text:?} is not PATH=VALUE (e.g. optim.lr=0.001)"
-        ))
-    })?;
-    if path.is_empty()
-        || !path.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .chars()
-                    .all(|c| c.is_alphanumeric() || c == '_' || c == '-')
-        })
-    {
-        return Err(StorageError::Invalid(format!(
-            "param path {path:?} must be dotted names of letters, digits, '_' or '-'"
-        )));
-    }
-    let json_path = format!(
+/// A param filter's path for `json_extract`.
+fn json_path(parts: &[String]) -> String {
+    format!(
         "$.{}",
-        path.split('.')
+        parts
+            .iter()
             .map(|p| format!("\"{p}\""))
             .collect::<Vec<_>>()
             .join(".")
-    );
-    let value = match serde_json::from_str::<Value>(value) {
-        Ok(Value::Number(n)) => match n.as_i64() {
-            Some(i) => rusqlite::types::Value::Integer(i),
-            None => rusqlite::types::Value::Real(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Ok(Value::Bool(b)) => rusqlite::types::Value::Integer(i64::from(b)),
-        Ok(Value::String(s)) => rusqlite::types::Value::Text(s),
-        _ => rusqlite::types::Value::Text(value.to_owned()),
-    };
-    Ok((json_path, value))
+    )
 }
 
 fn watermark(conn: &Connection, run: &str, writer: &str) -> Result<u64, StorageError> {
@@ -1060,63 +1010,20 @@ fn attempt_order(conn: &Connection, run: &str) -> Result<HashMap<u32, u32>, Stor
         .map_err(backend)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(backend)?;
-    Ok(attempts
-        .into_iter()
-        .enumerate()
-        .map(|(i, a)| (a, i as u32))
-        .collect())
+    Ok(runs::attempt_order(attempts))
 }
 
 fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
-    batch
-        .check_sequence()
-        .map_err(|e| StorageError::Invalid(e.to_string()))?;
+    ingest::check(batch)?;
     get_run(conn, run)?;
     let mark = watermark(conn, run, &batch.writer)?;
-    let fresh: Vec<&(u64, Record)> = batch
-        .records
-        .iter()
-        .filter(|(seq, _)| *seq > mark)
-        .collect();
-    let Some(&&(first, _)) = fresh.first() else {
-        // All of it is stored already: a resend after a lost answer.
-        return Ok(Ack {
-            writer: batch.writer.clone(),
-            watermark: mark,
-        });
+    let new = match ingest::plan(batch, mark)? {
+        Plan::Stored(ack) => return Ok(ack),
+        Plan::New(new) => new,
     };
-    if first != mark + 1 {
-        return Err(StorageError::Conflict(format!(
-            "writer {:?} has records up to {mark} stored but this batch continues at {first}; \
-             send from {} on",
-            batch.writer,
-            mark + 1
-        )));
-    }
-    let last = fresh.last().map_or(mark, |(seq, _)| *seq);
     let attempt = attempt_of(conn, run, &batch.attempt_token, None, now)?;
-
-    // Metric points grouped by series: (key, rank).
-    let mut series: HashMap<(&str, u32), Vec<Point>> = HashMap::new();
-    for (_, record) in &fresh {
+    for record in &new.others {
         match record {
-            Record::Metrics {
-                step,
-                wall,
-                rank,
-                values,
-            } => {
-                for (key, value) in values {
-                    series
-                        .entry((key.as_str(), *rank))
-                        .or_default()
-                        .push(Point {
-                            step: *step,
-                            value: *value,
-                            wall: *wall,
-                        });
-                }
-            }
             Record::Log {
                 rank,
                 stream,
@@ -1140,14 +1047,21 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
                 conn.prepare_cached(
                     "INSERT INTO events(run_id, kind, attempt, wall, text, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
-                .and_then(|mut s| s.execute(params![run, kind, attempt, wall, text, if data.is_empty() { "null" } else { data }]))
+                .and_then(|mut s| s.execute(params![run, kind, attempt, wall, text, ingest::event_data(data)]))
                 .map_err(backend)?;
-                apply_event_status(conn, run, kind, *wall, now)?;
+                if let Some(status) = ingest::status_of_event(kind) {
+                    conn.execute(
+                        "UPDATE runs SET status = ?2, status_wall = ?4, updated_at = ?3 WHERE id = ?1 AND status_wall <= ?4",
+                        params![run, status.as_str(), now, now_or(*wall)],
+                    )
+                    .map_err(backend)?;
+                }
             }
+            Record::Metrics { .. } => {}
         }
     }
     let mut key_ids: HashMap<&str, i64> = HashMap::new();
-    for ((key, rank), mut points) in series {
+    for (key, rank, points) in new.chunks() {
         let key_id = match key_ids.get(key) {
             Some(id) => *id,
             None => {
@@ -1156,10 +1070,7 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
                 id
             }
         };
-        chunk::sort_dedup(&mut points);
-        for part in points.chunks(CHUNK_MAX) {
-            store_chunk(conn, run, key_id, rank, attempt, part)?;
-        }
+        store_chunk(conn, run, key_id, rank, attempt, points)?;
     }
     conn.prepare_cached(
         "INSERT INTO writers(run_id, writer, watermark) VALUES (?1, ?2, ?3) \
@@ -1169,43 +1080,14 @@ fn ingest(conn: &Connection, run: &str, batch: &Batch, now: f64) -> Result<Ack, 
         s.execute(params![
             run,
             batch.writer,
-            i64::try_from(last).unwrap_or(i64::MAX)
+            i64::try_from(new.last).unwrap_or(i64::MAX)
         ])
     })
     .map_err(backend)?;
     conn.prepare_cached("UPDATE runs SET updated_at = ?2 WHERE id = ?1")
         .and_then(|mut s| s.execute(params![run, now]))
         .map_err(backend)?;
-    Ok(Ack {
-        writer: batch.writer.clone(),
-        watermark: last,
-    })
-}
-
-/// Lifecycle events move the run's status.
-/// The newest event by its wall time decides, so that events shipped late
-/// (a spool synced after the run ended) do not overwrite newer ones.
-fn apply_event_status(
-    conn: &Connection,
-    run: &str,
-    kind: &str,
-    wall: f64,
-    now: f64,
-) -> Result<(), StorageError> {
-    let status = match kind {
-        "start" | "attempt" => RunStatus::Running,
-        "restart" => RunStatus::Restarting,
-        "preempted" => RunStatus::Preempted,
-        "failed" => RunStatus::Failed,
-        "finished" => RunStatus::Finished,
-        _ => return Ok(()),
-    };
-    conn.execute(
-        "UPDATE runs SET status = ?2, status_wall = ?4, updated_at = ?3 WHERE id = ?1 AND status_wall <= ?4",
-        params![run, status.as_str(), now, now_or(wall)],
-    )
-    .map_err(backend)?;
-    Ok(())
+    Ok(ingest::ack(batch, new.last))
 }
 
 fn key_id(conn: &Connection, run: &str, name: &str) -> Result<i64, StorageError> {

@@ -1,0 +1,1090 @@
+//! The PostgreSQL backend: the same tables and guarantees as SQLite's, for
+//! a database that several server processes may share.
+//!
+//! **Driver.** The [`Storage`] trait is blocking and the server already
+//! calls it on tokio's blocking threads (`api::blocking`, `reads.rs`), so
+//! this uses the blocking `postgres` crate (a thin wrapper over
+//! `tokio-postgres`, same maintainers) with an `r2d2` pool
+//! (`r2d2_postgres`): the code reads like the SQLite backend's, and no
+//! second async runtime has to be bridged. The catch: a `postgres::Client`
+//! runs its own small runtime, which must not be started or dropped on an
+//! async thread. Every method is called from blocking threads; `open`
+//! connects, and `Drop` closes the pools, on a thread of their own, so both
+//! are safe from anywhere.
+//!
+//! **Several processes, one database.** Nothing is cached in the process.
+//! Every write runs in one transaction, which first locks its run's row
+//! (`SELECT ... FOR UPDATE`): writes to one run are serialized across every
+//! server sharing the database, as SQLite's single writer serializes them,
+//! while different runs proceed in parallel. So the watermark check, the
+//! records and the new watermark commit together, exactly once, even when
+//! a client's retries land on different servers; attempt numbers are given
+//! under the same lock; and a run's console lines and events are committed
+//! in the order of their ids, so a reader's `after` cursor never skips a
+//! line committed late. Rows are locked in one order (the run's row, then
+//! keys and latest values by key and rank), which leaves no deadlock; a
+//! transaction that still fails with a serialization failure or deadlock
+//! is retried.
+//!
+//! **Durability.** A request is answered after its transaction commits;
+//! with [`Durability::Fsync`] PostgreSQL's own `synchronous_commit`
+//! decides (on by default: flushed to its WAL), with
+//! [`Durability::Process`] it is turned off for our sessions.
+
+mod connect;
+pub mod schema;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::{IsolationLevel, NoTls, Row, Transaction};
+use r2d2::{Pool, PooledConnection};
+use r2d2_postgres::PostgresConnectionManager;
+use relaunch_api::{
+    Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine, Record,
+    RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
+};
+use serde_json::Value;
+
+pub use self::connect::PASSWORD_ENV;
+use self::connect::Target;
+use super::chunk::{self, BLOCK, Point, Summary};
+use super::downsample::{ChunkMeta, ChunkSource, assemble};
+use super::filter::{self, ParamValue};
+use super::ingest::{self, Plan};
+use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
+use super::sqlite::Durability;
+use super::{Storage, StorageError};
+
+type Manager = PostgresConnectionManager<NoTls>;
+
+/// Connections writing at once; more writes wait for one.
+pub const DEFAULT_MAX_WRITERS: u32 = 8;
+/// How long a request waits for a free connection (or for the database to
+/// answer a new one) before it fails.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Times a transaction that failed to serialize is run again.
+const RETRIES: usize = 5;
+
+pub struct PgStorage {
+    /// `None` only while dropping (the pools close on a thread of their own).
+    pools: Option<Pools>,
+    target: Target,
+}
+
+struct Pools {
+    writers: Pool<Manager>,
+    readers: Pool<Manager>,
+}
+
+impl std::fmt::Debug for PgStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStorage")
+            .field("database", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failure inside a transaction: PostgreSQL's (which may be retried) or
+/// ours.
+#[derive(Debug)]
+pub(crate) enum PgError {
+    Db(postgres::Error),
+    Storage(StorageError),
+}
+
+impl From<postgres::Error> for PgError {
+    fn from(e: postgres::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+impl From<StorageError> for PgError {
+    fn from(e: StorageError) -> Self {
+        Self::Storage(e)
+    }
+}
+
+impl PgError {
+    fn retryable(&self) -> bool {
+        matches!(self, Self::Db(e) if e.code().is_some_and(|c|
+            *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED))
+    }
+
+    pub(crate) fn into_storage(self) -> StorageError {
+        match self {
+            Self::Db(e) => {
+                StorageError::Backend(format!("postgresql: {}", connect::describe_error(&e)))
+            }
+            Self::Storage(e) => e,
+        }
+    }
+}
+
+type Tx<'a> = Transaction<'a>;
+
+impl PgStorage {
+    /// Connects to `url` (`postgres://USER[:PASSWORD]@HOST:PORT/DB`; the
+    /// password from `PGPASSWORD` when the URL has none), applies the
+    /// schema's missing migrations and refuses a database whose schema is
+    /// newer than this binary's. `max_readers` bounds the connections
+    /// that read at once (`--max-readers`); writes have their own.
+    pub fn open(
+        url: &str,
+        durability: Durability,
+        max_readers: usize,
+    ) -> Result<Self, StorageError> {
+        let password = std::env::var(PASSWORD_ENV).ok();
+        let mut target = connect::parse(url, password)?;
+        if durability == Durability::Process {
+            let options = target.config.get_options().unwrap_or_default();
+            target
+                .config
+                .options(&format!("{options} -c synchronous_commit=off"));
+        }
+        // A `postgres::Client` must not be made or dropped on an async
+        // thread, and the server opens its storage on one.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| Self::connect(target.clone(), max_readers))
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(StorageError::Backend(
+                        "the thread connecting to PostgreSQL panicked".into(),
+                    ))
+                })
+        })
+    }
+
+    fn connect(target: Target, max_readers: usize) -> Result<Self, StorageError> {
+        let mut client = target
+            .config
+            .connect(NoTls)
+            .map_err(|e| connect::connect_error(&target, &e))?;
+        let applied = schema::migrate(&mut client, &target.shown)?;
+        if !applied.is_empty() {
+            tracing::info!(database = %target.shown, versions = ?applied, "applied schema migrations");
+        }
+        drop(client);
+        let pool = |size: u32| {
+            Pool::builder()
+                .max_size(size)
+                .min_idle(Some(0))
+                .connection_timeout(CHECKOUT_TIMEOUT)
+                .error_handler(Box::new(r2d2::NopErrorHandler))
+                .build_unchecked(Manager::new(target.config.clone(), NoTls))
+        };
+        let readers = u32::try_from(max_readers.max(1)).unwrap_or(u32::MAX);
+        Ok(Self {
+            pools: Some(Pools {
+                writers: pool(DEFAULT_MAX_WRITERS),
+                readers: pool(readers),
+            }),
+            target,
+        })
+    }
+
+    /// `USER@HOST:PORT/DB`, without the password.
+    pub fn database(&self) -> &str {
+        &self.target.shown
+    }
+
+    fn checkout(
+        &self,
+        pool: fn(&Pools) -> &Pool<Manager>,
+    ) -> Result<PooledConnection<Manager>, StorageError> {
+        let pools = self
+            .pools
+            .as_ref()
+            .ok_or_else(|| StorageError::Backend("the database is closed".into()))?;
+        pool(pools).get().map_err(|e| {
+            StorageError::Backend(format!(
+                "postgresql at {} is unavailable: {e}",
+                self.target.shown
+            ))
+        })
+    }
+
+    /// Runs `f` in a read-write transaction, committed before this
+    /// returns; retried when PostgreSQL could not serialize it.
+    fn write<T>(
+        &self,
+        mut f: impl FnMut(&mut Tx<'_>) -> Result<T, PgError>,
+    ) -> Result<T, StorageError> {
+        let mut conn = self.checkout(|p| &p.writers)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = conn
+                .transaction()
+                .map_err(PgError::from)
+                .and_then(|mut tx| {
+                    let value = f(&mut tx)?;
+                    tx.commit()?;
+                    Ok(value)
+                });
+            match result {
+                Err(e) if e.retryable() && tries <= RETRIES => {
+                    tracing::debug!(error = ?e, tries, "retrying a transaction");
+                }
+                other => return other.map_err(PgError::into_storage),
+            }
+        }
+    }
+
+    /// Runs `f` in a read-only transaction that sees one snapshot.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T, PgError>,
+    ) -> Result<T, StorageError> {
+        let mut conn = self.checkout(|p| &p.readers)?;
+        let result = conn
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(PgError::from)
+            .and_then(|mut tx| {
+                let value = f(&mut tx)?;
+                tx.commit()?;
+                Ok(value)
+            });
+        result.map_err(PgError::into_storage)
+    }
+}
+
+impl Drop for PgStorage {
+    fn drop(&mut self) {
+        // Closing a client blocks on its runtime, which panics on an async
+        // thread; the storage may be dropped on one.
+        if let Some(pools) = self.pools.take() {
+            let _ = std::thread::spawn(move || drop(pools)).join();
+        }
+    }
+}
+
+fn int(v: u32) -> i64 {
+    i64::from(v)
+}
+
+/// A stored u32 (rank, attempt), which this backend only ever writes from one.
+fn small(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+const RUN_SELECT: &str = "SELECT r.id, p.name AS project, r.name, r.status, r.created_at, \
+     r.updated_at, r.attempts, r.tags, r.notes, r.config \
+     FROM runs r JOIN projects p ON p.id = r.project_id";
+
+fn run_row(row: &Row) -> RunInfo {
+    let status: String = row.get("status");
+    RunInfo {
+        id: row.get("id"),
+        project: row.get("project"),
+        name: text(row.get("name")),
+        status: RunStatus::parse(&status).unwrap_or(RunStatus::Running),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+        attempts: small(row.get("attempts")),
+        attempt: None,
+        tags: runs::tags_from(row.get("tags")),
+        notes: text(row.get("notes")),
+        config: runs::json_from(row.get("config")),
+    }
+}
+
+fn get_run(tx: &mut Tx<'_>, id: &str) -> Result<RunInfo, PgError> {
+    tx.query_opt(&format!("{RUN_SELECT} WHERE r.id = $1"), &[&id])?
+        .map(|row| run_row(&row))
+        .ok_or_else(|| runs::no_run(id).into())
+}
+
+/// Locks the run's row until the transaction ends: the point where every
+/// write to one run waits its turn, whichever server it came through.
+fn lock_run(tx: &mut Tx<'_>, id: &str) -> Result<(), PgError> {
+    match tx.query_opt("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE", &[&id])? {
+        Some(_) => Ok(()),
+        None => Err(runs::no_run(id).into()),
+    }
+}
+
+fn project_id(tx: &mut Tx<'_>, name: &str) -> Result<i64, PgError> {
+    tx.execute(
+        "INSERT INTO projects(name) VALUES ($1) ON CONFLICT (name) DO NOTHING",
+        &[&name],
+    )?;
+    Ok(tx
+        .query_one("SELECT id FROM projects WHERE name = $1", &[&name])?
+        .get(0))
+}
+
+fn watermark(tx: &mut Tx<'_>, run: &str, writer: &str) -> Result<u64, PgError> {
+    Ok(tx
+        .query_opt(
+            "SELECT watermark FROM writers WHERE run_id = $1 AND writer = $2",
+            &[&run, &writer],
+        )?
+        .map_or(0, |r| r.get::<_, i64>(0).unsigned_abs()))
+}
+
+/// The attempt number of `token` in `run` (see the SQLite backend's
+/// `attempt_of`): new tokens are numbered under the run's row lock, so two
+/// servers never give one number twice or one token two numbers.
+fn attempt_of(
+    tx: &mut Tx<'_>,
+    run: &str,
+    token: &str,
+    started: Option<f64>,
+    now: f64,
+) -> Result<u32, PgError> {
+    let token = token.as_bytes();
+    let started = started.filter(|t| t.is_finite());
+    let known = |tx: &mut Tx<'_>| -> Result<Option<u32>, PgError> {
+        Ok(tx
+            .query_opt(
+                "SELECT attempt FROM attempts WHERE run_id = $1 AND token = $2",
+                &[&run, &token],
+            )?
+            .map(|r| small(r.get(0))))
+    };
+    let found = match known(tx)? {
+        Some(attempt) => Some(attempt),
+        None => {
+            lock_run(tx, run)?;
+            // Another server may have numbered it while this one waited.
+            known(tx)?
+        }
+    };
+    if let Some(attempt) = found {
+        if let Some(started) = started {
+            tx.execute(
+                "UPDATE attempts SET started = $3 WHERE run_id = $1 AND token = $2 AND started > $3",
+                &[&run, &token, &started],
+            )?;
+        }
+        return Ok(attempt);
+    }
+    let attempt: i64 = tx
+        .query_one("SELECT attempts FROM runs WHERE id = $1", &[&run])?
+        .get(0);
+    tx.execute(
+        "INSERT INTO attempts(run_id, token, attempt, started) VALUES ($1, $2, $3, $4)",
+        &[&run, &token, &attempt, &started.unwrap_or(now)],
+    )?;
+    tx.execute(
+        "UPDATE runs SET attempts = attempts + 1 WHERE id = $1",
+        &[&run],
+    )?;
+    Ok(small(attempt))
+}
+
+fn attempt_order(tx: &mut Tx<'_>, run: &str) -> Result<HashMap<u32, u32>, PgError> {
+    let rows = tx.query(
+        "SELECT attempt FROM attempts WHERE run_id = $1 ORDER BY started, attempt",
+        &[&run],
+    )?;
+    Ok(runs::attempt_order(rows.iter().map(|r| small(r.get(0)))))
+}
+
+fn ingest(tx: &mut Tx<'_>, run: &str, batch: &Batch, now: f64) -> Result<Ack, PgError> {
+    ingest::check(batch)?;
+    lock_run(tx, run)?;
+    let mark = watermark(tx, run, &batch.writer)?;
+    let new = match ingest::plan(batch, mark)? {
+        Plan::Stored(ack) => return Ok(ack),
+        Plan::New(new) => new,
+    };
+    let attempt = int(attempt_of(tx, run, &batch.attempt_token, None, now)?);
+    // Console lines in one statement, ids given in sequence order.
+    let (mut ranks, mut streams, mut walls, mut texts) = (vec![], vec![], vec![], vec![]);
+    for record in &new.others {
+        match record {
+            Record::Log {
+                rank,
+                stream,
+                wall,
+                text,
+            } => {
+                ranks.push(int(*rank));
+                streams.push(i16::from(*stream == Stream::Stderr));
+                walls.push(*wall);
+                texts.push(text.as_bytes());
+            }
+            Record::Event {
+                kind,
+                wall,
+                text,
+                data,
+            } => {
+                tx.execute(
+                    "INSERT INTO events(run_id, kind, attempt, wall, text, data) \
+                     VALUES ($1, $2, $3, $4, $5, $6)",
+                    &[
+                        &run,
+                        kind,
+                        &attempt,
+                        wall,
+                        &text.as_bytes(),
+                        &ingest::event_data(data),
+                    ],
+                )?;
+                if let Some(status) = ingest::status_of_event(kind) {
+                    tx.execute(
+                        "UPDATE runs SET status = $2, status_wall = $4, updated_at = $3 \
+                         WHERE id = $1 AND status_wall <= $4",
+                        &[&run, &status.as_str(), &now, &now_or(*wall)],
+                    )?;
+                }
+            }
+            Record::Metrics { .. } => {}
+        }
+    }
+    if !ranks.is_empty() {
+        tx.execute(
+            "INSERT INTO logs(run_id, rank, stream, attempt, wall, text) \
+             SELECT $1, u.rank, u.stream, $2, u.wall, u.text \
+             FROM UNNEST($3::BIGINT[], $4::SMALLINT[], $5::DOUBLE PRECISION[], $6::BYTEA[]) \
+             WITH ORDINALITY AS u(rank, stream, wall, text, n) ORDER BY u.n",
+            &[&run, &attempt, &ranks, &streams, &walls, &texts],
+        )?;
+    }
+    let mut key_ids: HashMap<&str, i64> = HashMap::new();
+    for (key, rank, points) in new.chunks() {
+        let key_id = match key_ids.get(key) {
+            Some(id) => *id,
+            None => {
+                let id = key_id(tx, run, key)?;
+                key_ids.insert(key, id);
+                id
+            }
+        };
+        store_chunk(tx, run, key_id, rank, attempt, points)?;
+    }
+    let last = i64::try_from(new.last).unwrap_or(i64::MAX);
+    tx.execute(
+        "INSERT INTO writers(run_id, writer, watermark) VALUES ($1, $2, $3) \
+         ON CONFLICT (run_id, writer) DO UPDATE SET watermark = EXCLUDED.watermark",
+        &[&run, &batch.writer, &last],
+    )?;
+    tx.execute(
+        "UPDATE runs SET updated_at = $2 WHERE id = $1",
+        &[&run, &now],
+    )?;
+    Ok(ingest::ack(batch, new.last))
+}
+
+/// The key's id, added if new (the run's row lock is held: no other
+/// transaction adds keys to this run meanwhile).
+fn key_id(tx: &mut Tx<'_>, run: &str, name: &str) -> Result<i64, PgError> {
+    Ok(tx
+        .query_one(
+            "WITH added AS (INSERT INTO keys(run_id, name) VALUES ($1, $2) \
+                            ON CONFLICT (run_id, name) DO NOTHING RETURNING id) \
+             SELECT id FROM added UNION ALL \
+             SELECT id FROM keys WHERE run_id = $1 AND name = $2 LIMIT 1",
+            &[&run, &name],
+        )?
+        .get(0))
+}
+
+fn store_chunk(
+    tx: &mut Tx<'_>,
+    run: &str,
+    key_id: i64,
+    rank: u32,
+    attempt: i64,
+    points: &[Point],
+) -> Result<(), PgError> {
+    let Some(s) = Summary::of(points) else {
+        return Ok(());
+    };
+    let count = i64::try_from(s.count).unwrap_or(i64::MAX);
+    tx.execute(
+        "INSERT INTO chunks(key_id, rank, attempt, first_step, last_step, count, vmin, vmax, \
+         last_value, last_wall, blocks, points) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        &[
+            &key_id,
+            &int(rank),
+            &attempt,
+            &s.first_step,
+            &s.last_step,
+            &count,
+            &s.min,
+            &s.max,
+            &s.last_value,
+            &s.last_wall,
+            &chunk::encode_blocks(points),
+            &chunk::encode_points(points),
+        ],
+    )?;
+    // The newest value: the newest attempt's (by start), and of its values
+    // the highest step's.
+    tx.execute(
+        "INSERT INTO latest(key_id, rank, step, value, wall, attempt) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (key_id, rank) DO UPDATE SET step = EXCLUDED.step, \
+         value = EXCLUDED.value, wall = EXCLUDED.wall, attempt = EXCLUDED.attempt \
+         WHERE (EXCLUDED.attempt = latest.attempt AND EXCLUDED.step >= latest.step) \
+         OR (EXCLUDED.attempt <> latest.attempt AND EXISTS ( \
+             SELECT 1 FROM attempts new, attempts old \
+             WHERE new.run_id = $7 AND new.attempt = EXCLUDED.attempt \
+             AND old.run_id = $7 AND old.attempt = latest.attempt \
+             AND (new.started, new.attempt) > (old.started, old.attempt)))",
+        &[
+            &key_id,
+            &int(rank),
+            &s.last_step,
+            &s.last_value,
+            &s.last_wall,
+            &attempt,
+            &run,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The runs that `filter` selects, newest first, as SQL selecting
+/// `columns` of `runs r JOIN projects p`, and its arguments.
+fn filtered_runs(filter: &RunFilter, columns: &str) -> Result<(String, Vec<Arg>), StorageError> {
+    let params_filter = filter::params(filter)?;
+    let mut sql =
+        format!("SELECT {columns} FROM runs r JOIN projects p ON p.id = r.project_id WHERE true");
+    let mut args: Vec<Arg> = Vec::new();
+    if let Some(project) = &filter.project {
+        args.push(Arg::Text(project.clone()));
+        sql.push_str(&format!(" AND p.name = ${}", args.len()));
+    }
+    if let Some(status) = filter.status {
+        args.push(Arg::Text(status.as_str().to_owned()));
+        sql.push_str(&format!(" AND r.status = ${}", args.len()));
+    }
+    if let Some(tag) = &filter.tag {
+        args.push(Arg::Text(tag.clone()));
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM json_array_elements_text(r.tags::json) t WHERE t = ${})",
+            args.len()
+        ));
+    }
+    for param in params_filter {
+        args.push(Arg::Path(param.path));
+        let path = args.len();
+        // Compared as SQLite's json_extract compares: numbers as numbers
+        // (true and false as 1 and 0), strings as text.
+        let test = match param.value {
+            ParamValue::Integer(i) => {
+                args.push(Arg::Text(i.to_string()));
+                number_test(args.len())
+            }
+            ParamValue::Real(r) => {
+                args.push(Arg::Text(r.to_string()));
+                number_test(args.len())
+            }
+            ParamValue::Text(t) => {
+                args.push(Arg::Text(t));
+                format!(
+                    "json_typeof(v) = 'string' AND (v #>> '{{}}') = ${}::TEXT",
+                    args.len()
+                )
+            }
+        };
+        sql.push_str(&format!(
+            " AND COALESCE((SELECT {test} FROM (SELECT r.config::json #> ${path}::TEXT[] AS v) x), false)"
+        ));
+    }
+    sql.push_str(&format!(
+        " ORDER BY r.created_at DESC, r.id LIMIT {}",
+        filter::limit(filter)
+    ));
+    Ok((sql, args))
+}
+
+fn number_test(arg: usize) -> String {
+    format!(
+        "CASE json_typeof(v) \
+         WHEN 'number' THEN (v #>> '{{}}')::NUMERIC = (${arg}::TEXT)::NUMERIC \
+         WHEN 'boolean' THEN (CASE WHEN (v #>> '{{}}') = 'true' THEN 1 ELSE 0 END) = (${arg}::TEXT)::NUMERIC \
+         ELSE false END"
+    )
+}
+
+/// A query argument of a built query.
+#[derive(Debug)]
+enum Arg {
+    Text(String),
+    Path(Vec<String>),
+}
+
+fn sql_args(args: &[Arg]) -> Vec<&(dyn postgres::types::ToSql + Sync)> {
+    args.iter()
+        .map(|a| match a {
+            Arg::Text(t) => t as &(dyn postgres::types::ToSql + Sync),
+            Arg::Path(p) => p as &(dyn postgres::types::ToSql + Sync),
+        })
+        .collect()
+}
+
+fn log_line(r: &Row) -> LogLine {
+    LogLine {
+        id: r.get::<_, i64>(0).unsigned_abs(),
+        rank: small(r.get(1)),
+        stream: if r.get::<_, i16>(2) == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        },
+        attempt: small(r.get(3)),
+        wall: r.get(4),
+        text: text(r.get(5)),
+    }
+}
+
+fn file_row(row: &Row) -> FileInfo {
+    FileInfo {
+        name: row.get(0),
+        size: row.get::<_, i64>(1).max(0).unsigned_abs(),
+        blake3: row.get(2),
+        chunks: row.get::<_, i64>(3).max(0).unsigned_abs(),
+        created_at: row.get(4),
+    }
+}
+
+fn latest_row(r: &Row, first: usize) -> Latest {
+    Latest {
+        key: r.get(first),
+        rank: small(r.get(first + 1)),
+        step: r.get(first + 2),
+        value: r.get(first + 3),
+        wall: r.get(first + 4),
+        attempt: small(r.get(first + 5)),
+    }
+}
+
+impl Storage for PgStorage {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn open_run(&self, init: &RunInit, now: f64) -> Result<RunInfo, StorageError> {
+        let now = now_or(now);
+        self.write(|tx| {
+            let project = init.project.as_deref().unwrap_or(DEFAULT_PROJECT);
+            let project_id = project_id(tx, project)?;
+            let id = init.id.clone().unwrap_or_else(runs::new_run_id);
+            let config = init
+                .config
+                .clone()
+                .unwrap_or(Value::Object(Default::default()))
+                .to_string();
+            let name = init.name.clone().unwrap_or_else(|| id.clone());
+            let added = tx.execute(
+                "INSERT INTO runs(id, project_id, name, status, created_at, updated_at, attempts, \
+                 project_set, tags, notes, config) \
+                 VALUES ($1, $2, $3, 'running', $4, $4, 0, $5, $6, $7, $8) \
+                 ON CONFLICT (id) DO NOTHING",
+                &[
+                    &id,
+                    &project_id,
+                    &name.as_bytes(),
+                    &now,
+                    &init.project.is_some(),
+                    &runs::tags_json(&init.tags),
+                    &init.notes.clone().unwrap_or_default().as_bytes(),
+                    &config,
+                ],
+            )? == 1;
+            if !added {
+                let row = tx.query_one(
+                    "SELECT project_id, project_set FROM runs WHERE id = $1 FOR UPDATE",
+                    &[&id],
+                )?;
+                let (pid, set): (i64, bool) = (row.get(0), row.get(1));
+                match runs::project_rule(init.project.is_some(), pid == project_id, set) {
+                    ProjectRule::Keep => {}
+                    ProjectRule::Adopt => {
+                        tx.execute(
+                            "UPDATE runs SET project_id = $2, project_set = true WHERE id = $1",
+                            &[&id, &project_id],
+                        )?;
+                    }
+                    ProjectRule::Refuse => {
+                        let theirs = get_run(tx, &id)?.project;
+                        return Err(runs::project_conflict(&id, &theirs, project).into());
+                    }
+                }
+                // Resuming: what the caller gives replaces what was; the
+                // status moves with events only.
+                tx.execute(
+                    "UPDATE runs SET updated_at = $2, \
+                     name = COALESCE($3, name), config = COALESCE($4, config), \
+                     tags = COALESCE($5, tags), notes = COALESCE($6, notes) WHERE id = $1",
+                    &[
+                        &id,
+                        &now,
+                        &init.name.as_deref().map(str::as_bytes),
+                        &init.config.as_ref().map(|_| config.as_str()),
+                        &(!init.tags.is_empty()).then(|| runs::tags_json(&init.tags)),
+                        &init.notes.as_deref().map(str::as_bytes),
+                    ],
+                )?;
+            }
+            let attempt = attempt_of(tx, &id, &init.attempt_token, init.attempt_started, now)?;
+            let mut info = get_run(tx, &id)?;
+            info.attempt = Some(attempt);
+            Ok(info)
+        })
+    }
+
+    fn get_run(&self, id: &str) -> Result<RunInfo, StorageError> {
+        self.read(|tx| get_run(tx, id))
+    }
+
+    fn patch_run(&self, id: &str, patch: &RunPatch, now: f64) -> Result<RunInfo, StorageError> {
+        let now = now_or(now);
+        self.write(|tx| {
+            lock_run(tx, id)?;
+            tx.execute(
+                "UPDATE runs SET updated_at = $2, status = COALESCE($3, status), \
+                 tags = COALESCE($4, tags), notes = COALESCE($5, notes), \
+                 config = COALESCE($6, config) WHERE id = $1",
+                &[
+                    &id,
+                    &now,
+                    &patch.status.map(|s| s.as_str()),
+                    &patch.tags.as_deref().map(runs::tags_json),
+                    &patch.notes.as_deref().map(str::as_bytes),
+                    &patch.config.as_ref().map(Value::to_string),
+                ],
+            )?;
+            get_run(tx, id)
+        })
+    }
+
+    fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError> {
+        let columns = "r.id, p.name AS project, r.name, r.status, r.created_at, r.updated_at, \
+                       r.attempts, r.tags, r.notes, r.config";
+        let (sql, args) = filtered_runs(filter, columns)?;
+        self.read(|tx| {
+            Ok(tx
+                .query(&sql, &sql_args(&args))?
+                .iter()
+                .map(run_row)
+                .collect())
+        })
+    }
+
+    fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError> {
+        let (selected, args) = filtered_runs(filter, "r.id")?;
+        let sql = format!(
+            "SELECT DISTINCT k.name FROM keys k WHERE k.run_id IN ({selected}) ORDER BY k.name"
+        );
+        self.read(|tx| {
+            Ok(tx
+                .query(&sql, &sql_args(&args))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })
+    }
+
+    fn latest_of_runs(
+        &self,
+        filter: &RunFilter,
+        keys: &[String],
+    ) -> Result<Vec<RunLatest>, StorageError> {
+        let (selected, mut args) = filtered_runs(filter, "r.id")?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        args.push(Arg::Path(keys.to_vec()));
+        // The lowest rank that logged each key, as a series read without
+        // `rank` shows. (The runs' subquery is ordered and limited, as
+        // SQLite's is: the limit picks which runs.)
+        let sql = format!(
+            "SELECT k.run_id, k.name, l.rank, l.step, l.value, l.wall, l.attempt \
+             FROM keys k JOIN latest l ON l.key_id = k.id \
+             WHERE k.name = ANY(${}::TEXT[]) AND k.run_id IN ({selected}) \
+             AND l.rank = (SELECT MIN(l2.rank) FROM latest l2 WHERE l2.key_id = k.id) \
+             ORDER BY k.run_id, k.name",
+            args.len()
+        );
+        self.read(|tx| {
+            Ok(tx
+                .query(&sql, &sql_args(&args))?
+                .iter()
+                .map(|r| RunLatest {
+                    run: r.get(0),
+                    latest: latest_row(r, 1),
+                })
+                .collect())
+        })
+    }
+
+    fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
+        let now = now_or(now);
+        self.write(|tx| ingest(tx, run, batch, now))
+    }
+
+    fn watermark(&self, run: &str, writer: &str) -> Result<u64, StorageError> {
+        self.read(|tx| watermark(tx, run, writer))
+    }
+
+    fn keys(&self, run: &str) -> Result<Vec<String>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            Ok(tx
+                .query(
+                    "SELECT name FROM keys WHERE run_id = $1 ORDER BY name",
+                    &[&run],
+                )?
+                .iter()
+                .map(|r| r.get(0))
+                .collect())
+        })
+    }
+
+    fn series(&self, run: &str, query: &SeriesQuery) -> Result<Series, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            let key_id: i64 = tx
+                .query_opt(
+                    "SELECT id FROM keys WHERE run_id = $1 AND name = $2",
+                    &[&run, &query.key],
+                )?
+                .ok_or_else(|| runs::no_metric(run, &query.key))?
+                .get(0);
+            let rank = match query.rank {
+                Some(rank) => rank,
+                None => tx
+                    .query_one("SELECT MIN(rank) FROM chunks WHERE key_id = $1", &[&key_id])?
+                    .get::<_, Option<i64>>(0)
+                    .map_or(0, small),
+            };
+            let order = attempt_order(tx, run)?;
+            let chunks: Vec<ChunkMeta> = tx
+                .query(
+                    "SELECT id, attempt, first_step, last_step, count, vmin, vmax, last_value, \
+                     last_wall FROM chunks WHERE key_id = $1 AND rank = $2 \
+                     ORDER BY first_step, id",
+                    &[&key_id, &int(rank)],
+                )?
+                .iter()
+                .map(|r| {
+                    let attempt = small(r.get(1));
+                    ChunkMeta {
+                        id: r.get(0),
+                        attempt,
+                        order: order.get(&attempt).copied().unwrap_or(attempt),
+                        summary: Summary {
+                            first_step: r.get(2),
+                            last_step: r.get(3),
+                            count: r.get::<_, i64>(4).unsigned_abs(),
+                            min: r.get(5),
+                            max: r.get(6),
+                            last_value: r.get(7),
+                            last_wall: r.get(8),
+                        },
+                    }
+                })
+                .collect();
+            let mut source = PgChunks { tx };
+            let (total, points) = assemble(&chunks, query, &mut source)?;
+            Ok(runs::series(query, rank, total, points))
+        })
+    }
+
+    fn latest(&self, run: &str) -> Result<Vec<Latest>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            Ok(tx
+                .query(
+                    "SELECT k.name, l.rank, l.step, l.value, l.wall, l.attempt FROM latest l \
+                     JOIN keys k ON k.id = l.key_id WHERE k.run_id = $1 ORDER BY k.name, l.rank",
+                    &[&run],
+                )?
+                .iter()
+                .map(|r| latest_row(r, 0))
+                .collect())
+        })
+    }
+
+    fn logs(
+        &self,
+        run: &str,
+        rank: Option<u32>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<LogLine>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            let after = i64::try_from(after).unwrap_or(i64::MAX);
+            Ok(tx
+                .query(
+                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                     WHERE run_id = $1 AND id > $2 AND ($3::BIGINT IS NULL OR rank = $3) \
+                     ORDER BY id LIMIT $4",
+                    &[&run, &after, &rank.map(int), &int(limit.min(MAX_PAGE))],
+                )?
+                .iter()
+                .map(log_line)
+                .collect())
+        })
+    }
+
+    fn log_tail(&self, run: &str, rank: Option<u32>, n: u32) -> Result<Vec<LogLine>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            let mut rows: Vec<LogLine> = tx
+                .query(
+                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                     WHERE run_id = $1 AND ($2::BIGINT IS NULL OR rank = $2) \
+                     ORDER BY id DESC LIMIT $3",
+                    &[&run, &rank.map(int), &int(n.min(MAX_PAGE))],
+                )?
+                .iter()
+                .map(log_line)
+                .collect();
+            rows.reverse();
+            Ok(rows)
+        })
+    }
+
+    fn events(&self, run: &str) -> Result<Vec<Event>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            Ok(tx
+                .query(
+                    "SELECT id, kind, attempt, wall, text, data FROM events \
+                     WHERE run_id = $1 ORDER BY id",
+                    &[&run],
+                )?
+                .iter()
+                .map(|r| Event {
+                    id: r.get::<_, i64>(0).unsigned_abs(),
+                    kind: r.get(1),
+                    attempt: small(r.get(2)),
+                    wall: r.get(3),
+                    text: text(r.get(4)),
+                    data: runs::json_from(r.get(5)),
+                })
+                .collect())
+        })
+    }
+
+    fn commit_file(
+        &self,
+        run: &str,
+        file: &FileManifest,
+        now: f64,
+    ) -> Result<FileInfo, StorageError> {
+        let now = now_or(now);
+        let chunks = runs::chunks_json(&file.chunks)?;
+        self.write(|tx| {
+            lock_run(tx, run)?;
+            tx.execute(
+                "INSERT INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 ON CONFLICT (run_id, name) DO UPDATE SET size = EXCLUDED.size, \
+                 blake3 = EXCLUDED.blake3, chunks = EXCLUDED.chunks, \
+                 n_chunks = EXCLUDED.n_chunks, created_at = EXCLUDED.created_at",
+                &[
+                    &run,
+                    &file.name,
+                    &i64::try_from(file.size).unwrap_or(i64::MAX),
+                    &file.blake3,
+                    &chunks,
+                    &i64::try_from(file.chunks.len()).unwrap_or(i64::MAX),
+                    &now,
+                ],
+            )?;
+            tx.execute(
+                "UPDATE runs SET updated_at = $2 WHERE id = $1",
+                &[&run, &now],
+            )?;
+            Ok(FileInfo {
+                name: file.name.clone(),
+                size: file.size,
+                blake3: file.blake3.clone(),
+                chunks: file.chunks.len() as u64,
+                created_at: now,
+            })
+        })
+    }
+
+    fn files(&self, run: &str) -> Result<Vec<FileInfo>, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            Ok(tx
+                .query(
+                    "SELECT name, size, blake3, n_chunks, created_at FROM files \
+                     WHERE run_id = $1 ORDER BY name",
+                    &[&run],
+                )?
+                .iter()
+                .map(file_row)
+                .collect())
+        })
+    }
+
+    fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            let row = tx
+                .query_opt(
+                    "SELECT name, size, blake3, n_chunks, created_at, chunks FROM files \
+                     WHERE run_id = $1 AND name = $2",
+                    &[&run, &name],
+                )?
+                .ok_or_else(|| runs::no_file(run, name))?;
+            let chunks = runs::chunks_from(row.get(5), run, name)?;
+            Ok((file_row(&row), chunks))
+        })
+    }
+}
+
+struct PgChunks<'t, 'c> {
+    tx: &'t mut Tx<'c>,
+}
+
+impl PgChunks<'_, '_> {
+    fn bytes(
+        &mut self,
+        sql: &str,
+        args: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<u8>, StorageError> {
+        self.tx
+            .query_one(sql, args)
+            .map(|r| r.get(0))
+            .map_err(|e| PgError::from(e).into_storage())
+    }
+}
+
+impl ChunkSource for PgChunks<'_, '_> {
+    fn blocks(&mut self, id: i64) -> Result<Vec<Summary>, StorageError> {
+        let bytes = self.bytes("SELECT blocks FROM chunks WHERE id = $1", &[&id])?;
+        chunk::decode_blocks(&bytes).map_err(StorageError::Corrupt)
+    }
+
+    fn points(&mut self, id: i64) -> Result<Vec<Point>, StorageError> {
+        let bytes = self.bytes("SELECT points FROM chunks WHERE id = $1", &[&id])?;
+        chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
+    }
+
+    fn block_points(&mut self, id: i64, index: usize) -> Result<Vec<Point>, StorageError> {
+        // `points` is stored uncompressed out of line: substring() reads
+        // only the TOAST pages that hold the block.
+        let size = BLOCK * chunk::POINT_BYTES;
+        let start = i64::try_from(index * size + 1).unwrap_or(i64::MAX);
+        let len = i64::try_from(size).unwrap_or(i64::MAX);
+        let bytes = self.bytes(
+            "SELECT substring(points FROM $2::BIGINT::INT FOR $3::BIGINT::INT) FROM chunks WHERE id = $1",
+            &[&id, &start, &len],
+        )?;
+        chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
+    }
+}

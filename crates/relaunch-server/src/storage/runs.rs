@@ -1,0 +1,111 @@
+//! Run-level rules every backend applies the same way: new run ids, which
+//! project a resumed run keeps, attempts' order, what stored JSON columns
+//! decode to, and the messages of what is not found.
+
+use std::collections::HashMap;
+
+use relaunch_api::{ChunkRef, Series, SeriesPoint, SeriesQuery};
+use serde_json::Value;
+
+use super::StorageError;
+
+/// A wall time as stored: the caller's when finite, else 0.
+pub fn now_or(t: f64) -> f64 {
+    if t.is_finite() { t } else { 0.0 }
+}
+
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+/// What opening an existing run does to its project.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProjectRule {
+    /// No project named, or the run's own.
+    Keep,
+    /// The run was opened without a project so far: the first one named
+    /// becomes its project.
+    Adopt,
+    /// Another project: refused ([`project_conflict`]).
+    Refuse,
+}
+
+/// `named`: the caller named a project; `same`: it is the run's;
+/// `set`: the run's project was named by some caller before.
+pub fn project_rule(named: bool, same: bool, set: bool) -> ProjectRule {
+    match (named && !same, set) {
+        (false, _) => ProjectRule::Keep,
+        (true, false) => ProjectRule::Adopt,
+        (true, true) => ProjectRule::Refuse,
+    }
+}
+
+pub fn project_conflict(id: &str, theirs: &str, asked: &str) -> StorageError {
+    StorageError::Conflict(format!(
+        "run {id:?} belongs to project {theirs:?}, not {asked:?}; \
+         use another run id or that project"
+    ))
+}
+
+/// Each attempt's place when sorted by start (then number), from the
+/// attempts in that order: larger is newer.
+pub fn attempt_order(sorted: impl IntoIterator<Item = u32>) -> HashMap<u32, u32> {
+    sorted
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| (a, i as u32))
+        .collect()
+}
+
+/// Tags as stored: a JSON array of strings.
+pub fn tags_json(tags: &[String]) -> String {
+    serde_json::to_string(tags).unwrap_or_else(|_| "[]".into())
+}
+
+pub fn tags_from(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// Config and event data as stored: JSON text, kept exactly as sent.
+pub fn json_from(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
+}
+
+/// A file's chunk list as stored: a JSON array of `{hash, size}`.
+pub fn chunks_json(chunks: &[ChunkRef]) -> Result<String, StorageError> {
+    serde_json::to_string(chunks).map_err(|e| StorageError::Invalid(e.to_string()))
+}
+
+pub fn chunks_from(text: &str, run: &str, name: &str) -> Result<Vec<ChunkRef>, StorageError> {
+    serde_json::from_str(text).map_err(|e| {
+        StorageError::Corrupt(format!(
+            "the chunk list of file {name:?} of run {run:?}: {e}"
+        ))
+    })
+}
+
+/// A series read's answer.
+pub fn series(query: &SeriesQuery, rank: u32, total: u64, points: Vec<SeriesPoint>) -> Series {
+    Series {
+        key: query.key.clone(),
+        rank,
+        total,
+        downsampled: points.len() as u64 != total,
+        points,
+    }
+}
+
+pub fn no_run(id: &str) -> StorageError {
+    StorageError::NotFound(format!("no run {id:?}"))
+}
+
+pub fn no_metric(run: &str, key: &str) -> StorageError {
+    StorageError::NotFound(format!("run {run:?} has no metric {key:?}"))
+}
+
+pub fn no_file(run: &str, name: &str) -> StorageError {
+    StorageError::NotFound(format!("run {run:?} has no file {name:?}"))
+}
+
+/// Listings and pages return at most this many rows.
+pub const MAX_PAGE: u32 = 100_000;
