@@ -1,10 +1,21 @@
 //! The HTTP side of the client: one method per endpoint of `/api/v1`.
 //!
+//! A client may name several servers (`http://a:8765,http://b:8765`,
+//! replicas of one tracking server on a shared database): requests go to
+//! one of them, and a request that gets no answer (the connection refused,
+//! reset or timed out) or a 502/503/504 moves every clone of the client to
+//! the next and is sent there, once to each. Every request of the API can
+//! be repeated safely (batches are exactly-once by writer sequence, chunks
+//! by hash, runs by id), so a request that reached a server that died
+//! before answering is repeated, not lost.
+//!
 //! Proxies come from the usual environment (`HTTPS_PROXY`, `HTTP_PROXY`,
 //! `ALL_PROXY`, `NO_PROXY`). No request has a total deadline: a transfer
 //! that keeps making progress is never cut; one that stalls for
 //! [`READ_STALL`] is.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use relaunch_api::files::check_file_name;
@@ -27,12 +38,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence on an open connection for this long ends the request.
 pub const READ_STALL: Duration = Duration::from_secs(120);
 
-/// A handle on one tracking server; cheap to clone.
+/// A handle on a tracking server (or on several replicas of one); cheap
+/// to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
     http: reqwest::Client,
-    /// `scheme://host:port/api/v1`, no trailing slash.
-    base: String,
+    /// `scheme://host:port/api/v1` of each server, no trailing slash.
+    bases: Arc<[String]>,
+    /// The server in use, an index into `bases`, shared by every clone.
+    active: Arc<AtomicUsize>,
     token: Option<String>,
 }
 
@@ -50,9 +64,13 @@ pub struct LogsQuery {
 
 impl Client {
     /// `server` is `http://host:port` or `https://host:port` (a bare
-    /// `host:port` means http); `token` is sent as a bearer token.
+    /// `host:port` means http), or several of them separated by commas
+    /// (replicas, tried in turn); `token` is sent as a bearer token.
     pub fn new(server: &str, token: Option<&str>) -> Result<Self, ClientError> {
-        let base = normalize_server(server)?;
+        let bases: Vec<String> = server_list(server)?
+            .into_iter()
+            .map(|base| format!("{base}{API_PREFIX}"))
+            .collect();
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_STALL)
@@ -61,14 +79,20 @@ impl Client {
             .map_err(|e| ClientError::Config(format!("cannot set up HTTP: {e}")))?;
         Ok(Self {
             http,
-            base: format!("{base}{API_PREFIX}"),
+            bases: bases.into(),
+            active: Arc::new(AtomicUsize::new(0)),
             token: token.filter(|t| !t.is_empty()).map(str::to_owned),
         })
     }
 
-    /// The server's root URL, for messages.
+    /// The root URL of the server in use, for messages.
     pub fn url(&self) -> &str {
-        self.base.strip_suffix(API_PREFIX).unwrap_or(&self.base)
+        let base = self.base();
+        base.strip_suffix(API_PREFIX).unwrap_or(base)
+    }
+
+    fn base(&self) -> &str {
+        &self.bases[self.active.load(Ordering::Relaxed) % self.bases.len()]
     }
 
     pub async fn health(&self) -> Result<Health, ClientError> {
@@ -282,7 +306,7 @@ impl Client {
         what: &str,
         request: RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
-        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let response = self.execute(request).await?;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
@@ -301,7 +325,7 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
+        let request = self.http.request(method, format!("{}{path}", self.base()));
         match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -325,7 +349,7 @@ impl Client {
         what: &str,
         request: RequestBuilder,
     ) -> Result<T, ClientError> {
-        let response = request.send().await.map_err(|e| self.unreachable(&e))?;
+        let response = self.execute(request).await?;
         let status = response.status();
         let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
         if status.is_success() {
@@ -345,7 +369,86 @@ impl Client {
         })
     }
 
+    /// Sends `request` to the server in use; with several servers, one that
+    /// gives no answer or a 502/503/504 makes every clone move on to the
+    /// next, and the request goes there (each server once). A request whose
+    /// body cannot be replayed (a stream) is sent once.
+    async fn execute(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let mut request = Some(request.build().map_err(|e| self.unreachable(&e))?);
+        let servers = self.bases.len();
+        for tried in 1..=servers {
+            let Some(original) = request.take() else {
+                break;
+            };
+            let last = tried == servers;
+            let replay = if last { None } else { original.try_clone() };
+            let last = last || replay.is_none();
+            let index = self.active.load(Ordering::Relaxed) % servers;
+            let mut attempt = original;
+            self.aim(&mut attempt, index);
+            request = replay;
+            match self.http.execute(attempt).await {
+                Ok(response)
+                    if last
+                        || !matches!(
+                            response.status(),
+                            StatusCode::BAD_GATEWAY
+                                | StatusCode::SERVICE_UNAVAILABLE
+                                | StatusCode::GATEWAY_TIMEOUT
+                        ) =>
+                {
+                    return Ok(response);
+                }
+                Ok(response) => {
+                    tracing::info!(server = %self.url(), status = %response.status(), "a tracking server is unavailable; trying the next");
+                    self.move_on(index);
+                }
+                Err(e) if last => {
+                    self.move_on(index);
+                    return Err(self.unreachable_at(&e, index));
+                }
+                Err(e) => {
+                    tracing::info!(server = %self.url(), error = %e, "a tracking server does not answer; trying the next");
+                    self.move_on(index);
+                }
+            }
+        }
+        Err(ClientError::Config(
+            "internal: a request was not sent to any server".into(),
+        ))
+    }
+
+    /// Points `request`, built for whichever server was in use then, at
+    /// server `index`.
+    fn aim(&self, request: &mut reqwest::Request, index: usize) {
+        let url = request.url().as_str();
+        let Some(rest) = self
+            .bases
+            .iter()
+            .filter_map(|base| url.strip_prefix(base.as_str()))
+            .min_by_key(|rest| rest.len())
+        else {
+            return;
+        };
+        if let Ok(aimed) = reqwest::Url::parse(&format!("{}{rest}", self.bases[index])) {
+            *request.url_mut() = aimed;
+        }
+    }
+
+    /// Moves every clone from server `from` to the next, unless another
+    /// request moved them already.
+    fn move_on(&self, from: usize) {
+        let next = (from + 1) % self.bases.len();
+        let _ = self
+            .active
+            .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     fn unreachable(&self, e: &reqwest::Error) -> ClientError {
+        self.unreachable_at(e, self.active.load(Ordering::Relaxed) % self.bases.len())
+    }
+
+    fn unreachable_at(&self, e: &reqwest::Error, index: usize) -> ClientError {
         // reqwest's Display stops at the outermost layer; the cause says why.
         let mut reason = e.to_string();
         let mut source = std::error::Error::source(e);
@@ -354,14 +457,22 @@ impl Client {
             reason.push_str(&inner.to_string());
             source = inner.source();
         }
-        if let Some((var, proxy)) = proxy_for(self.url()) {
+        let base = &self.bases[index];
+        let url = base.strip_suffix(API_PREFIX).unwrap_or(base);
+        if let Some((var, proxy)) = proxy_for(url) {
             reason.push_str(&format!(
                 " (through the proxy {proxy} that {var} names; add the server's host to \
                  NO_PROXY to bypass it)"
             ));
         }
+        if self.bases.len() > 1 {
+            reason.push_str(&format!(
+                " (and no other of the {} servers answered)",
+                self.bases.len()
+            ));
+        }
         ClientError::Unreachable {
-            url: self.url().to_owned(),
+            url: url.to_owned(),
             reason,
         }
     }
@@ -417,9 +528,29 @@ fn error_message(status: StatusCode, body: &[u8]) -> String {
     }
 }
 
-/// `http(s)://host[:port][/prefix]` without a trailing slash; a prefix is
-/// where a reverse proxy serves the API.
+/// Each server of a comma-separated list, normalized (see
+/// [`normalize_server`]); at least one.
+pub fn server_list(servers: &str) -> Result<Vec<String>, ClientError> {
+    let list: Vec<String> = servers
+        .split(',')
+        .map(normalize_one)
+        .collect::<Result<_, _>>()?;
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = list.iter().find(|s| !seen.insert(s.as_str())) {
+        return Err(ClientError::Config(format!(
+            "server {twice} is listed twice in {servers:?}; list each replica once"
+        )));
+    }
+    Ok(list)
+}
+
+/// `http(s)://host[:port][/prefix]` without a trailing slash (a prefix is
+/// where a reverse proxy serves the API), or several, comma-separated.
 pub fn normalize_server(server: &str) -> Result<String, ClientError> {
+    Ok(server_list(server)?.join(","))
+}
+
+fn normalize_one(server: &str) -> Result<String, ClientError> {
     let trimmed = server.trim();
     let with_scheme = if trimmed.contains("://") {
         trimmed.to_owned()
@@ -476,10 +607,33 @@ mod tests {
             normalize_server("https://proxy.example.com/relaunch/").unwrap(),
             "https://proxy.example.com/relaunch"
         );
-        for bad in ["ftp://x", "http://", "", "http://h:1/?q=1"] {
+        for bad in [
+            "ftp://x",
+            "http://",
+            "",
+            "http://h:1/?q=1",
+            "http://a:1,",
+            "a:1,,b:2",
+        ] {
             let err = normalize_server(bad).unwrap_err().to_string();
             assert!(err.contains("http://"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn several_servers_are_a_list_of_replicas() {
+        assert_eq!(
+            normalize_server(" a:1 , https://b/x/ ").unwrap(),
+            "http://a:1,https://b/x"
+        );
+        let err = normalize_server("a:1,http://a:1/").unwrap_err().to_string();
+        assert!(err.contains("listed twice"), "{err}");
+        let client = Client::new("a:1,b:2", None).unwrap();
+        assert_eq!(client.url(), "http://a:1");
+        client.move_on(0);
+        assert_eq!(client.clone().url(), "http://b:2");
+        client.move_on(0);
+        assert_eq!(client.url(), "http://b:2", "a stale move changes nothing");
     }
 
     #[test]

@@ -21,12 +21,32 @@ struct TestServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     data: PathBuf,
+    /// A replica serves another's storage and leaves it to that one.
+    replica: bool,
 }
 
 impl TestServer {
     fn start(addr: SocketAddr, token: Option<&str>, max_request_bytes: usize) -> Self {
         let data = temp_dir("server");
         let storage = Arc::new(SqliteStorage::open(&data, Durability::Process).unwrap());
+        Self::serve(addr, token, max_request_bytes, storage, data, false)
+    }
+
+    /// Another server on this one's storage and files, as replicas on one
+    /// database share them.
+    fn replica(&self) -> Self {
+        let storage = self.storage.clone();
+        Self::serve(loopback(), None, 64 << 20, storage, self.data.clone(), true)
+    }
+
+    fn serve(
+        addr: SocketAddr,
+        token: Option<&str>,
+        max_request_bytes: usize,
+        storage: Arc<SqliteStorage>,
+        data: PathBuf,
+        replica: bool,
+    ) -> Self {
         let files = FileStore::open_dir(&data, Durability::Process).unwrap();
         let state = AppState::new(
             storage.clone(),
@@ -59,11 +79,22 @@ impl TestServer {
             stop: Some(stop),
             thread: Some(thread),
             data,
+            replica,
         }
     }
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Stops answering; the storage stays open for its replicas.
+    fn stop_serving(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 
     fn total(&self, run: &str, key: &str, rank: u32) -> u64 {
@@ -104,6 +135,9 @@ impl Drop for TestServer {
         }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        if self.replica {
+            return;
         }
         self.storage.close();
         let _ = std::fs::remove_dir_all(&self.data);
@@ -460,4 +494,51 @@ fn ranks_of_one_run_starting_at_once_never_take_each_others_spools() {
     }
     assert!(rounds >= 3, "only {rounds} rounds ran in 60 s");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Replicas: with two servers named, the run moves to the second when the
+/// first goes away mid-run (and starts on the second when the first is
+/// down from the start), and every step is stored once.
+#[test]
+fn a_run_moves_to_the_next_replica_and_stores_every_step_once() {
+    let dir = temp_dir("replicas");
+    let mut first = TestServer::start(loopback(), None, 64 << 20);
+    let second = first.replica();
+    let both = format!("{},{}", first.url(), second.url());
+    let run = Run::start(options(&dir, Some(both), "replicas")).unwrap();
+    log_steps(&run, 0..200);
+    run.flush(Some(Duration::from_secs(30))).unwrap();
+    first.stop_serving();
+    log_steps(&run, 200..400);
+    run.finish(Some(Duration::from_secs(30)), None).unwrap();
+    assert_eq!(second.total("replicas", "loss", 0), 400);
+    assert_eq!(
+        second.steps("replicas", "loss"),
+        (0..400).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        second.storage.get_run("replicas").unwrap().status,
+        relaunch_api::RunStatus::Finished
+    );
+
+    // The first one listed does not answer at all: the second takes it all.
+    let dead = loopback_refusing();
+    let run = Run::start(options(
+        &dir,
+        Some(format!("{dead},{}", second.url())),
+        "first-down",
+    ))
+    .unwrap();
+    log_steps(&run, 0..50);
+    run.finish(Some(Duration::from_secs(30)), None).unwrap();
+    assert_eq!(second.total("first-down", "loss", 0), 50);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A loopback address on which nothing listens.
+fn loopback_refusing() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
 }
