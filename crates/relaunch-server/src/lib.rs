@@ -66,12 +66,17 @@ impl AppState {
         token: Option<String>,
         max_request_bytes: usize,
     ) -> Self {
+        let logs_changed = Arc::new(watch::channel(0u64).0);
+        let wake = logs_changed.clone();
+        storage.watch_logs(Box::new(move || {
+            wake.send_modify(|n| *n = n.wrapping_add(1))
+        }));
         Self {
             storage,
             files,
             token: token.map(Into::into),
             max_request_bytes,
-            logs_changed: Arc::new(watch::channel(0).0),
+            logs_changed,
             heavy_reads: reads::HeavyReads::new(storage::sqlite::DEFAULT_MAX_READERS),
         }
     }

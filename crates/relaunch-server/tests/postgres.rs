@@ -221,3 +221,93 @@ fn two_servers_on_one_database_store_each_record_once() {
     // Stored once, not merely read back once: 4 writers of 200 points.
     assert_eq!(db.query_text("SELECT sum(count) FROM chunks"), "800");
 }
+
+/// Replicas: a log follow waiting on one server wakes at once when another
+/// server on the same database stores console lines (a dashboard's live
+/// log on replica B, the job logging through replica A).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_follow_on_one_replica_wakes_for_lines_stored_through_another() {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode, header};
+    use relaunch_server::{AppState, FileStore, router};
+    use tower::ServiceExt as _;
+
+    let Some(db) = database("replica log follow") else {
+        return;
+    };
+    let files = backends::temp_dir("replica-files");
+    let replica = |url: String| {
+        let storage: Arc<dyn Storage> =
+            Arc::new(PgStorage::open(&url, Durability::Fsync, 4).unwrap());
+        AppState::new(
+            storage,
+            FileStore::open_dir(&files, Durability::Process).unwrap(),
+            None,
+            1 << 20,
+        )
+    };
+    let (a, b) = (replica(db.url.clone()), replica(db.url.clone()));
+    let init = serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"});
+    let open = Request::builder()
+        .method("POST")
+        .uri("/api/v1/runs")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(init.to_string()))
+        .unwrap();
+    let opened = router(a.clone()).oneshot(open).await.unwrap();
+    assert!(opened.status().is_success(), "{}", opened.status());
+
+    let follow = tokio::spawn(
+        router(b.clone()).oneshot(
+            Request::builder()
+                .uri("/api/v1/runs/r/logs?wait=30")
+                .body(Body::empty())
+                .unwrap(),
+        ),
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !follow.is_finished(),
+        "the follow waits while there is nothing"
+    );
+    let mut bytes = Vec::new();
+    Batch {
+        writer: "w".into(),
+        attempt_token: "t".into(),
+        records: vec![(
+            1,
+            Record::Log {
+                rank: 0,
+                stream: relaunch_api::Stream::Stdout,
+                wall: 0.0,
+                text: "through a".into(),
+            },
+        )],
+    }
+    .encode(&mut bytes);
+    let sent = router(a.clone())
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/api/v1/runs/r/batches")
+                .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+                .body(Body::from(bytes))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), StatusCode::OK);
+    let response = tokio::time::timeout(std::time::Duration::from_secs(5), follow)
+        .await
+        .expect("the follow on the other replica did not wake within 5 s")
+        .unwrap()
+        .unwrap();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let got: Vec<relaunch_api::LogLine> = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].text, "through a");
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&files);
+}

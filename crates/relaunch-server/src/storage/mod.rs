@@ -117,4 +117,15 @@ pub trait Storage: Send + Sync + 'static {
 
     /// One file and its chunks, in order.
     fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError>;
+
+    /// Calls `changed` whenever another process that shares this storage
+    /// (a replica on the same database) stores console lines, so that log
+    /// follows here wake at once; the server announces its own writes
+    /// itself. A storage that only this process writes never calls it.
+    fn watch_logs(&self, changed: LogsChanged) {
+        drop(changed);
+    }
 }
+
+/// What [`Storage::watch_logs`] calls.
+pub type LogsChanged = Box<dyn Fn() + Send + Sync>;

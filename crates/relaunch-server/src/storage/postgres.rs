@@ -32,6 +32,7 @@
 //! [`Durability::Process`] it is turned off for our sessions.
 
 mod connect;
+mod listen;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -71,6 +72,8 @@ pub struct PgStorage {
     /// `None` only while dropping (the pools close on a thread of their own).
     pools: Option<Pools>,
     target: Target,
+    /// The thread that hears of other replicas' console lines, once asked.
+    listener: parking_lot::Mutex<Option<listen::Listener>>,
 }
 
 struct Pools {
@@ -182,6 +185,7 @@ impl PgStorage {
                 readers: pool(readers),
             }),
             target,
+            listener: parking_lot::Mutex::new(None),
         })
     }
 
@@ -445,6 +449,8 @@ fn ingest(tx: &mut Tx<'_>, run: &str, batch: &Batch, now: f64) -> Result<Ack, Pg
         }
     }
     if !ranks.is_empty() {
+        // Delivered at commit: replicas' log follows wake and read them.
+        tx.execute("SELECT pg_notify($1, $2)", &[&listen::CHANNEL, &run])?;
         tx.execute(
             "INSERT INTO logs(run_id, rank, stream, attempt, wall, text) \
              SELECT $1, u.rank, u.stream, $2, u.wall, u.text \
@@ -668,6 +674,15 @@ fn latest_row(r: &Row, first: usize) -> Latest {
 impl Storage for PgStorage {
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    fn watch_logs(&self, changed: super::LogsChanged) {
+        match listen::Listener::start(self.target.clone(), changed) {
+            Ok(listener) => *self.listener.lock() = Some(listener),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the thread that listens for other replicas' console lines; log follows wake only for lines sent here")
+            }
+        }
     }
 
     fn open_run(&self, init: &RunInit, now: f64) -> Result<RunInfo, StorageError> {
