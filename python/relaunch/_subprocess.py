@@ -16,7 +16,7 @@ from typing import TypeVar
 
 _LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
 _T = TypeVar("_T", bound="_ServerChild")
-_SERVING = re.compile(r"^relaunch server: (http://\S+):(\d+) \(data in .*\)$")
+_SERVING = re.compile(r"^relaunch server: (http://\S+):(\d+) \((?:data in|database) .*\)$")
 
 
 class _ServerChild:
