@@ -71,6 +71,22 @@ impl Server {
         .await
     }
 
+    /// Opens run `id` (attempt token "t").
+    async fn open_run(&self, id: &str) {
+        let (status, body) = self
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": id, "attempt_token": "t"}),
+            )
+            .await;
+        assert!(
+            status.is_success(),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+
     async fn get(&self, uri: &str) -> (StatusCode, Vec<u8>) {
         self.send(Request::builder().uri(uri).body(Body::empty()).unwrap())
             .await
@@ -376,13 +392,7 @@ async fn a_log_follow_wakes_when_lines_arrive() {
 #[tokio::test]
 async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
     for server in Server::each(None, 1 << 20) {
-        server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"id": "r", "attempt_token": "t"}),
-            )
-            .await;
+        server.open_run("r").await;
         let mut gap = loss("w", 0..3);
         gap.records.remove(1);
         let (status, body) = server.batch("r", &gap).await;
@@ -412,13 +422,7 @@ async fn batches_with_gaps_or_huge_sequence_numbers_get_400() {
 #[tokio::test]
 async fn non_finite_values_are_strings_in_json() {
     for server in Server::each(None, 1 << 20) {
-        server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"id": "r", "attempt_token": "t"}),
-            )
-            .await;
+        server.open_run("r").await;
         let mut batch = loss("w", 0..3);
         for ((_, record), v) in
             batch
@@ -459,13 +463,7 @@ async fn non_finite_values_are_strings_in_json() {
 #[tokio::test]
 async fn event_data_kinds_and_writer_ids_are_checked() {
     for server in Server::each(None, 1 << 20) {
-        server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"id": "r", "attempt_token": "t"}),
-            )
-            .await;
+        server.open_run("r").await;
         let event = |kind: &str, data: String| Batch {
             writer: "w".into(),
             attempt_token: "t".into(),
@@ -635,13 +633,7 @@ async fn a_file_is_committed_from_its_chunks_and_read_back_in_ranges() {
 #[tokio::test]
 async fn bad_file_requests_get_clear_errors() {
     for server in Server::each(None, 1 << 20) {
-        server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"id": "r", "attempt_token": "t"}),
-            )
-            .await;
+        server.open_run("r").await;
         let data = vec![7u8; 10];
         let good = serde_json::json!({"hash": hex(&data), "size": 10});
         for (manifest, says) in [
@@ -711,13 +703,7 @@ async fn bad_file_requests_get_clear_errors() {
 #[tokio::test]
 async fn a_manifest_must_match_its_chunks_bytes() {
     for server in Server::each(None, 1 << 20) {
-        server
-            .json(
-                "POST",
-                "/api/v1/runs",
-                serde_json::json!({"id": "r", "attempt_token": "t"}),
-            )
-            .await;
+        server.open_run("r").await;
         let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
         let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
         server.put_chunk(&hex(&a), &a).await;
