@@ -7,9 +7,18 @@
 
 mod backends;
 
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
 use relaunch_server::storage::StorageError;
 use relaunch_server::storage::blobs::BlobStore;
 use relaunch_server::storage::s3::S3Blobs;
+use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
+use relaunch_server::{AppState, FileStore, router};
+use tower::ServiceExt as _;
 
 use backends::{BlobPlace, S3_ENV};
 
@@ -232,4 +241,116 @@ fn s3_runs_under_ci() {
              skipped; run the tests through scripts/test.sh, which starts SeaweedFS"
         );
     }
+}
+
+/// A TCP proxy to the S3 service that can be cut, as a network or a
+/// service that goes away while the server runs.
+struct Proxy {
+    url: String,
+    addr: std::net::SocketAddr,
+    stopped: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn to(endpoint: &str) -> Self {
+        let target = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (stop, open) = (stopped.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(Ordering::SeqCst) {
+                    break; // the listener closes: new connections are refused
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let mut open = open.lock().unwrap();
+                open.push(client.try_clone().unwrap());
+                open.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self {
+            url: format!("http://{addr}"),
+            addr,
+            stopped,
+            conns,
+        }
+    }
+
+    /// Closes every connection and refuses new ones.
+    fn cut(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr); // wakes the accept loop
+        for conn in self.conns.lock().unwrap().drain(..) {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// S3 going away while the server runs: requests that need it fail with a
+/// 503 and a message that says so (after the retries), never a panic.
+#[tokio::test]
+async fn s3_going_away_is_a_503_saying_so() {
+    let Some(base) = s3_or_skip("s3_going_away_is_a_503_saying_so") else {
+        return;
+    };
+    let proxy = Proxy::to(&std::env::var("AWS_ENDPOINT_URL").unwrap());
+    let url = backends::s3_prefix(&base, "away");
+    let blobs = Arc::new(S3Blobs::open(&url, Some(&proxy.url), std::env::vars()).unwrap());
+    let data = vec![3u8; 1000];
+    let dir = backends::temp_dir("s3-away");
+    let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
+    let state = AppState::new(
+        storage,
+        FileStore::new(blobs, dir.join("uploads")).unwrap(),
+        None,
+        1 << 20,
+    );
+    let ask = || {
+        let body = serde_json::json!({"chunks": [hex(&data)]}).to_string();
+        router(state.clone()).oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/api/v1/chunks/missing")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+    };
+    assert_eq!(ask().await.unwrap().status(), StatusCode::OK);
+
+    proxy.cut();
+    let started = std::time::Instant::now();
+    let response = ask().await.unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let error: relaunch_api::ApiError = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{}", error.error);
+    assert!(
+        error.error.contains("unreachable or failing") && error.error.contains(&url),
+        "{}",
+        error.error
+    );
+    // The retries are bounded (30 s), not endless.
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+    let _ = std::fs::remove_dir_all(&dir);
 }
