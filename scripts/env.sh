@@ -19,6 +19,21 @@ say() {
     if [ -t 2 ]; then printf '\033[1m==> %s\033[0m\n' "$*" >&2; else printf '==> %s\n' "$*" >&2; fi
 }
 
+# Commands to run when the calling shell exits, in order: the throwaway
+# services of postgres.sh and s3.sh each register their cleanup here, so
+# one EXIT trap stops them all.
+TEST_CLEANUPS=()
+on_exit() {
+    TEST_CLEANUPS+=("$1")
+    trap run_test_cleanups EXIT
+}
+run_test_cleanups() {
+    local cleanup
+    for cleanup in "${TEST_CLEANUPS[@]}"; do
+        "$cleanup" || true
+    done
+}
+
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }

@@ -3,7 +3,8 @@
 # start_test_postgres exports RELAUNCH_TEST_POSTGRES (an admin URL with a
 # password; each test creates its own database through it) for a cluster
 # made with initdb in a temporary directory, listening on 127.0.0.1 on a
-# free port, and stops and deletes it when the calling shell exits. As
+# free port, and stops and deletes it when the calling shell exits
+# (env.sh's `on_exit`). As
 # root the cluster runs as the `postgres` user (PostgreSQL refuses root).
 # A RELAUNCH_TEST_POSTGRES already set is used as it is. Where no cluster
 # can start, it says why and returns 1; the PostgreSQL tests then say they
@@ -57,7 +58,7 @@ start_test_postgres() {
         return 1
     fi
     PG_TEST_STOP=("${run_as[@]}" "$bin/pg_ctl" -D "$PG_TEST_DIR/data" -m immediate stop)
-    trap stop_test_postgres EXIT
+    on_exit stop_test_postgres
     export RELAUNCH_TEST_POSTGRES="postgres://postgres:$password@127.0.0.1:$port/postgres"
     say "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') for the tests on 127.0.0.1:$port"
 }

@@ -16,7 +16,8 @@ from typing import TypeVar
 
 _LISTENING = re.compile(r"^listening on (\S+):(\d+)$")
 _T = TypeVar("_T", bound="_ServerChild")
-_SERVING = re.compile(r"^relaunch server: (http://\S+):(\d+) \((?:data in|database) .*\)$")
+# "(data in DIR)", "(database postgres DB, files in s3://BUCKET/PREFIX)", ...
+_SERVING = re.compile(r"^relaunch server: (http://\S+):(\d+) \(.*\)$")
 
 
 class _ServerChild:

@@ -147,7 +147,8 @@ pub struct FilesGetArgs {
 /// Options of `relaunch server`.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
 pub struct ServerArgs {
-    /// Where the database and files live (created if missing); with --database, the files only.
+    /// Where the database and files live (created if missing); with --database or --blobs, what
+    /// they do not hold.
     #[arg(
         long,
         env = "RELAUNCH_DATA_DIR",
@@ -161,6 +162,17 @@ pub struct ServerArgs {
     /// the URL has none). The schema is created or migrated at start.
     #[arg(long, value_name = "URL")]
     pub database: Option<String>,
+
+    /// Keep file and checkpoint chunks in an S3-compatible bucket instead of --data-dir:
+    /// s3://BUCKET/PREFIX. Credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION; the bucket must exist and is checked at start.
+    #[arg(long, value_name = "URL")]
+    pub blobs: Option<String>,
+
+    /// The S3-compatible service for --blobs (SeaweedFS, MinIO, ...) [default: AWS_ENDPOINT_URL,
+    /// else AWS].
+    #[arg(long, value_name = "URL", requires = "blobs")]
+    pub s3_endpoint: Option<String>,
 
     /// Address to listen on; anything but loopback needs --token.
     #[arg(long, default_value = "127.0.0.1")]
@@ -207,6 +219,8 @@ impl Default for ServerArgs {
         Self {
             data_dir: "relaunch-data".into(),
             database: None,
+            blobs: None,
+            s3_endpoint: None,
             host: "127.0.0.1".into(),
             port: 8765,
             token: None,

@@ -116,6 +116,41 @@ fn server_refuses_a_token_of_only_spaces() {
 }
 
 #[test]
+fn server_with_an_unreachable_s3_endpoint_says_so_before_serving() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let dir = std::env::temp_dir().join("relaunch-cli-s3-never-created");
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        .args(["server", "--port", "0", "--blobs", "s3://runs-bucket/team"])
+        .args(["--s3-endpoint", &endpoint, "--data-dir"])
+        .arg(&dir)
+        .env("AWS_ACCESS_KEY_ID", "key")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-never-shown")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--blobs s3://runs-bucket/team: cannot reach the S3 service at {endpoint}"
+        )) && stderr.contains("check --s3-endpoint"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("secret-never-shown"), "{stderr}");
+    assert!(!dir.exists());
+
+    // An endpoint without a bucket to go with it is a usage error.
+    let (code, _, stderr) = relaunch(&["server", "--s3-endpoint", &endpoint]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--blobs"), "{stderr}");
+}
+
+#[test]
 fn server_with_a_bad_durability_lists_the_choices() {
     let (code, _, stderr) = relaunch(&["server", "--durability", "sometimes"]);
     assert_eq!(code, 2);

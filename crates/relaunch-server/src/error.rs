@@ -24,6 +24,9 @@ pub enum AppError {
     RangeNotSatisfiable(String),
     #[error("{0}")]
     Internal(String),
+    /// A storage service is away; the client retries later.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl AppError {
@@ -36,6 +39,7 @@ impl AppError {
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
             Self::RangeNotSatisfiable(_) => (StatusCode::RANGE_NOT_SATISFIABLE, "bad_range"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
     }
 }
@@ -52,6 +56,7 @@ impl From<StorageError> for AppError {
             StorageError::NotFound(m) => Self::NotFound(m),
             StorageError::Conflict(m) => Self::Conflict(m),
             StorageError::Invalid(m) => Self::BadRequest(m),
+            StorageError::Unavailable(m) => Self::Unavailable(m),
             other => Self::Internal(other.to_string()),
         }
     }

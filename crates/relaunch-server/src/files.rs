@@ -32,6 +32,7 @@ use crate::error::AppError;
 use crate::names::check_name;
 use crate::storage::StorageError;
 use crate::storage::blobs::{BlobStore, DirBlobs};
+use crate::storage::s3::S3Blobs;
 use crate::storage::sqlite::Durability;
 
 /// Where files' bytes go: the chunks, and a scratch directory for plain
@@ -63,6 +64,17 @@ impl FileStore {
             }
         }
         Ok(Self { blobs, scratch })
+    }
+
+    /// Chunks in an S3-compatible bucket (`--blobs s3://BUCKET/PREFIX`,
+    /// see [`S3Blobs::open`]), scratch in `data_dir/uploads`.
+    pub fn open_s3(
+        url: &str,
+        endpoint: Option<&str>,
+        data_dir: &std::path::Path,
+    ) -> Result<Self, StorageError> {
+        let blobs = Arc::new(S3Blobs::open(url, endpoint, std::env::vars())?);
+        Self::new(blobs, data_dir.join("uploads"))
     }
 
     /// The embedded default: chunks in `data_dir/chunks`, scratch in
@@ -184,9 +196,11 @@ pub(crate) async fn commit(
     // serves exactly `size` bytes), and durable before the manifest names
     // it (one flush for all of them).
     let checked = on_blobs(&state.files, move |b| {
+        let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
+        let sizes = b.sizes(&hashes)?;
         let mut missing = Vec::new();
-        for (index, chunk) in chunks.iter().enumerate() {
-            match b.size(&chunk.hash)? {
+        for (index, (chunk, size)) in chunks.iter().zip(sizes).enumerate() {
+            match size {
                 None => missing.push(chunk.hash.clone()),
                 Some(stored) if stored != chunk.size => {
                     return Ok(Err(AppError::BadRequest(format!(
@@ -200,7 +214,6 @@ pub(crate) async fn commit(
             }
         }
         if missing.is_empty() {
-            let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
             b.persist(&hashes)?;
         }
         Ok(Ok(missing))
@@ -522,14 +535,9 @@ fn store_chunks(
 ) -> Result<FileManifest, AppError> {
     let file = File::open(path)
         .map_err(|e| AppError::Internal(format!("cannot read {}: {e}", path.display())))?;
+    // `put` of a chunk already stored does nothing (and sends nothing).
     let manifest = relaunch_api::files::cut(BufReader::new(file), &name, |_, data, chunk| {
-        if !files
-            .blobs
-            .missing(std::slice::from_ref(&chunk.hash))?
-            .is_empty()
-        {
-            files.blobs.put(&chunk.hash, data)?;
-        }
+        files.blobs.put(&chunk.hash, data)?;
         Ok::<_, AppError>(())
     })?;
     let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();

@@ -8,6 +8,10 @@ mod backends;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use relaunch_api::{Ack, ApiError, Batch, Record, RunInfo, Series};
+use std::sync::Arc;
+
+use relaunch_server::storage::blobs::BlobStore;
+use relaunch_server::storage::s3::S3Blobs;
 use relaunch_server::storage::sqlite::Durability;
 use relaunch_server::{AppState, FileStore, router};
 use tower::ServiceExt as _;
@@ -17,6 +21,10 @@ struct Server {
     dir: std::path::PathBuf,
     /// The PostgreSQL database, when the storage is PostgreSQL.
     _place: backends::Place,
+    /// Where the chunks are: `dir/chunks`, or a prefix in S3.
+    blobs: backends::BlobPlace,
+    /// The S3 chunk store, when the chunks are in S3.
+    s3: Option<Arc<S3Blobs>>,
 }
 
 impl Server {
@@ -30,19 +38,64 @@ impl Server {
                     Some(dir) => dir.to_owned(),
                     None => backends::temp_dir("http-files"),
                 };
-                let storage = place.open(Durability::Process);
-                Self {
-                    state: AppState::new(
-                        storage,
-                        FileStore::open_dir(&dir, Durability::Process).unwrap(),
-                        token.map(Into::into),
-                        max_request_bytes,
-                    ),
-                    dir,
-                    _place: place,
-                }
+                let blobs = backends::BlobPlace::Dir(dir.clone());
+                Self::new(place, dir, blobs, token, max_request_bytes)
             })
             .collect()
+    }
+
+    /// [`each`](Self::each), and the same again with the chunks in S3
+    /// when `RELAUNCH_TEST_S3` names a location (SQLite + S3, PostgreSQL
+    /// + S3): what the file tests run on.
+    fn each_with_s3(token: Option<&str>, max_request_bytes: usize) -> Vec<Self> {
+        let mut servers = Self::each(token, max_request_bytes);
+        let Some(base) = backends::s3_url() else {
+            backends::blob_places("http"); // says that S3 is skipped
+            return servers;
+        };
+        for place in backends::places("http-s3") {
+            let dir = match backends::dir_of(&place) {
+                Some(dir) => dir.to_owned(),
+                None => backends::temp_dir("http-files"),
+            };
+            let blobs = backends::BlobPlace::S3(backends::s3_prefix(&base, "http"));
+            servers.push(Self::new(place, dir, blobs, token, max_request_bytes));
+        }
+        servers
+    }
+
+    fn new(
+        place: backends::Place,
+        dir: std::path::PathBuf,
+        blobs: backends::BlobPlace,
+        token: Option<&str>,
+        max_request_bytes: usize,
+    ) -> Self {
+        let storage = place.open(Durability::Process);
+        let (store, s3): (Arc<dyn BlobStore>, _) = match &blobs {
+            backends::BlobPlace::S3(url) => {
+                let s3 = Arc::new(S3Blobs::open(url, None, std::env::vars()).unwrap());
+                (s3.clone(), Some(s3))
+            }
+            dir_blobs => (dir_blobs.open(), None),
+        };
+        Self {
+            state: AppState::new(
+                storage,
+                FileStore::new(store, dir.join("uploads")).unwrap(),
+                token.map(Into::into),
+                max_request_bytes,
+            ),
+            dir,
+            _place: place,
+            blobs,
+            s3,
+        }
+    }
+
+    /// Which backends, for assertion messages.
+    fn name(&self) -> String {
+        format!("{} + {}", self._place.name(), self.blobs.name())
     }
 
     async fn send(&self, request: Request<Body>) -> (StatusCode, Vec<u8>) {
@@ -546,7 +599,7 @@ impl Server {
 
 #[tokio::test]
 async fn a_file_is_committed_from_its_chunks_and_read_back_in_ranges() {
-    for server in Server::each(None, 1 << 20) {
+    for server in Server::each_with_s3(None, 1 << 20) {
         let (status, _) = server
             .json(
                 "POST",
@@ -632,7 +685,7 @@ async fn a_file_is_committed_from_its_chunks_and_read_back_in_ranges() {
 
 #[tokio::test]
 async fn bad_file_requests_get_clear_errors() {
-    for server in Server::each(None, 1 << 20) {
+    for server in Server::each_with_s3(None, 1 << 20) {
         server.open_run("r").await;
         let data = vec![7u8; 10];
         let good = serde_json::json!({"hash": hex(&data), "size": 10});
@@ -702,7 +755,7 @@ async fn bad_file_requests_get_clear_errors() {
 /// larger) or served truncated bytes (declared smaller).
 #[tokio::test]
 async fn a_manifest_must_match_its_chunks_bytes() {
-    for server in Server::each(None, 1 << 20) {
+    for server in Server::each_with_s3(None, 1 << 20) {
         server.open_run("r").await;
         let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
         let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
@@ -801,6 +854,141 @@ async fn a_manifest_must_match_its_chunks_bytes() {
         assert_eq!(
             server.get("/api/v1/runs/r/files/x").await,
             (StatusCode::OK, whole)
+        );
+    }
+}
+
+impl Server {
+    async fn put_file(&self, name: &str, data: &[u8]) -> (StatusCode, Vec<u8>) {
+        self.send(
+            Request::builder()
+                .method("PUT")
+                .uri(format!("/api/v1/runs/r/files/{name}"))
+                .body(Body::from(data.to_vec()))
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn body_of(
+        &self,
+        uri: &str,
+        range: Option<&str>,
+    ) -> (StatusCode, Result<Vec<u8>, String>) {
+        let mut request = Request::builder().uri(uri);
+        if let Some(range) = range {
+            request = request.header(header::RANGE, range);
+        }
+        let response = router(self.state.clone())
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| e.to_string());
+        (status, body)
+    }
+}
+
+/// A chunk the store already holds is never sent again: `/chunks/missing`
+/// leaves it out, and a plain upload of bytes already stored writes
+/// nothing new (counted on S3, where a write is a PUT to the bucket).
+#[tokio::test]
+async fn a_chunk_already_stored_is_not_sent_again() {
+    for server in Server::each_with_s3(None, 1 << 20) {
+        let name = server.name();
+        server.open_run("r").await;
+        let (a, b, c) = (vec![1u8; 1000], vec![2u8; 500], vec![3u8; 700]);
+        server.put_chunk(&hex(&a), &a).await;
+        server.put_chunk(&hex(&b), &b).await;
+        let (status, body) = server
+            .json(
+                "POST",
+                "/api/v1/chunks/missing",
+                serde_json::json!({"chunks": [hex(&a), hex(&c), hex(&b)]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        let missing: relaunch_api::MissingChunks = serde_json::from_slice(&body).unwrap();
+        assert_eq!(missing.missing, [hex(&c)], "{name}");
+
+        let written = || server.s3.as_ref().map(|s| s.objects_written());
+        let before = written();
+        let data: Vec<u8> = (0..3000u32).map(|i| (i % 253) as u8).collect();
+        assert_eq!(
+            server.put_file("one.bin", &data).await.0,
+            StatusCode::CREATED,
+            "{name}"
+        );
+        let after_one = written();
+        assert_eq!(
+            server.put_file("two.bin", &data).await.0,
+            StatusCode::CREATED,
+            "{name}"
+        );
+        if server.s3.is_some() {
+            assert_eq!(
+                after_one,
+                before.map(|n| n + 1),
+                "{name}: the first upload writes its chunk"
+            );
+            assert_eq!(
+                written(),
+                after_one,
+                "{name}: the second sends nothing to the bucket"
+            );
+        }
+        assert_eq!(
+            server.get("/api/v1/runs/r/files/two.bin").await,
+            (StatusCode::OK, data),
+            "{name}"
+        );
+    }
+}
+
+/// A chunk whose stored bytes changed behind the server's back (a disk's
+/// rot, someone writing into the bucket) is never served: the body is cut
+/// where it would begin, and the other chunks still read.
+#[tokio::test]
+async fn a_damaged_chunk_is_an_error_never_wrong_bytes() {
+    for server in Server::each_with_s3(None, 1 << 20) {
+        let name = server.name();
+        server.open_run("r").await;
+        let (a, b) = (vec![1u8; 1000], vec![2u8; 500]);
+        let whole: Vec<u8> = a.iter().chain(&b).copied().collect();
+        server.put_chunk(&hex(&a), &a).await;
+        server.put_chunk(&hex(&b), &b).await;
+        let manifest = serde_json::json!({
+            "name": "x", "size": 1500, "blake3": hex(&whole),
+            "chunks": [{"hash": hex(&a), "size": 1000}, {"hash": hex(&b), "size": 500}],
+        });
+        let (status, _) = server.json("POST", "/api/v1/runs/r/files", manifest).await;
+        assert_eq!(status, StatusCode::CREATED, "{name}");
+        assert_eq!(
+            server.get("/api/v1/runs/r/files/x").await.1,
+            whole,
+            "{name}"
+        );
+
+        // The same length: only the hash can tell.
+        server.blobs.damage(&hex(&b), &[7u8; 500]);
+        let (status, body) = server.body_of("/api/v1/runs/r/files/x", None).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        assert!(body.is_err(), "{name}: damaged bytes were served");
+        let (status, body) = server
+            .body_of("/api/v1/runs/r/files/x", Some("bytes=1000-1009"))
+            .await;
+        assert_eq!(status, StatusCode::PARTIAL_CONTENT, "{name}");
+        assert!(body.is_err(), "{name}: damaged bytes were served");
+        let (status, body) = server
+            .body_of("/api/v1/runs/r/files/x", Some("bytes=0-9"))
+            .await;
+        assert_eq!(
+            (status, body),
+            (StatusCode::PARTIAL_CONTENT, Ok(whole[..10].to_vec())),
+            "{name}"
         );
     }
 }

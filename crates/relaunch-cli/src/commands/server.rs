@@ -1,5 +1,6 @@
 //! `relaunch server`: the tracking server on the embedded storage (SQLite
-//! in `--data-dir`) or on PostgreSQL (`--database`).
+//! and files in `--data-dir`), on PostgreSQL (`--database`), with file
+//! chunks in an S3-compatible bucket (`--blobs`), or any mix.
 
 use std::sync::Arc;
 
@@ -51,15 +52,14 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             DurabilityArg::Fsync => Durability::Fsync,
             DurabilityArg::Process => Durability::Process,
         };
+        // Chunks first: a bad --blobs is said before a data directory is made.
+        let (files, files_place) = open_files(args, durability)?;
         let opened = open_storage(args, durability)?;
         let storage = opened.storage.clone();
-        let files = FileStore::open_dir(&args.data_dir, durability).with_context(|| {
-            format!("cannot open the file store in {}", args.data_dir.display())
-        })?;
         let state = AppState::new(storage, files, token, args.max_request_bytes)
             .with_max_readers(args.max_readers);
         output::status(&format!(
-            "relaunch server: http://{addr} ({})",
+            "relaunch server: http://{addr} ({}{files_place})",
             opened.place
         ));
         relaunch_server::serve_with(listener, state, limits, shutdown)
@@ -89,11 +89,7 @@ fn open_storage(args: &ServerArgs, durability: Durability) -> anyhow::Result<Ope
             StorageError::Invalid(m) | StorageError::Backend(m) => anyhow::anyhow!("{m}"),
             other => anyhow::anyhow!("--database: {other}"),
         })?;
-        let place = format!(
-            "database postgres {}, files in {}",
-            pg.database(),
-            args.data_dir.display()
-        );
+        let place = format!("database postgres {}", pg.database());
         return Ok(Opened {
             storage: Arc::new(pg),
             sqlite: None,
@@ -110,6 +106,30 @@ fn open_storage(args: &ServerArgs, durability: Durability) -> anyhow::Result<Ope
         sqlite: Some(sqlite),
         place: format!("data in {}", args.data_dir.display()),
     })
+}
+
+/// Where file chunks go, and where that is for the start line (`, files
+/// in ...` unless they are beside the SQLite database): the bucket of
+/// `--blobs`, else `--data-dir`.
+fn open_files(args: &ServerArgs, durability: Durability) -> anyhow::Result<(FileStore, String)> {
+    if let Some(url) = &args.blobs {
+        // The message names the bucket, the endpoint and the fix, never a secret.
+        let files =
+            FileStore::open_s3(url, args.s3_endpoint.as_deref(), &args.data_dir).map_err(|e| {
+                match e {
+                    StorageError::Invalid(m) | StorageError::Backend(m) => anyhow::anyhow!("{m}"),
+                    other => anyhow::anyhow!("--blobs: {other}"),
+                }
+            })?;
+        return Ok((files, format!(", files in {url}")));
+    }
+    let files = FileStore::open_dir(&args.data_dir, durability)
+        .with_context(|| format!("cannot open the file store in {}", args.data_dir.display()))?;
+    let place = match args.database {
+        Some(_) => format!(", files in {}", args.data_dir.display()),
+        None => String::new(),
+    };
+    Ok((files, place))
 }
 
 /// Open files the server needs besides its connections: the database, its

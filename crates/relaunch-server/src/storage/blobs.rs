@@ -1,8 +1,8 @@
 //! File chunks, stored by their BLAKE3 hash: the [`BlobStore`] trait the
 //! file handlers use, and [`DirBlobs`], the embedded backend (one file per
-//! chunk under the data directory). An S3-compatible backend implements the
-//! same calls with HEAD, PUT and GET of `chunks/{hash}` (its PUT is durable
-//! when acknowledged, so its `persist` has nothing to do).
+//! chunk under the data directory). `s3.rs` implements the same calls with
+//! HEAD, PUT and GET of `PREFIX/chunks/ab/HASH` in a bucket (its PUT is
+//! durable when acknowledged, so its `persist` has nothing to do).
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -28,13 +28,20 @@ pub trait BlobStore: Send + Sync + 'static {
     /// never makes a file whose bytes differ from its size.
     fn size(&self, hash: &str) -> Result<Option<u64>, StorageError>;
 
+    /// [`size`](Self::size) of each of `hashes`, in order: what a commit
+    /// asks of all its chunks (a remote store asks in parallel).
+    fn sizes(&self, hashes: &[String]) -> Result<Vec<Option<u64>>, StorageError> {
+        hashes.iter().map(|h| self.size(h)).collect()
+    }
+
     /// Makes the stored chunks `hashes` durable. A file's manifest commits
     /// only after its chunks are persisted, so a committed file never
     /// names a chunk that a power loss could take away.
     fn persist(&self, hashes: &[String]) -> Result<(), StorageError>;
 
-    /// The chunk's bytes, checked against its hash: a chunk damaged on disk
-    /// is an error, never wrong bytes.
+    /// The chunk's bytes, checked against its hash: a chunk damaged where
+    /// it is stored is an error ([`StorageError::Corrupt`]), never wrong
+    /// bytes.
     fn get(&self, hash: &str) -> Result<Vec<u8>, StorageError>;
 }
 

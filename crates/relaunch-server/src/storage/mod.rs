@@ -9,6 +9,7 @@ pub mod filter;
 pub mod ingest;
 pub mod postgres;
 pub mod runs;
+pub mod s3;
 pub mod sqlite;
 mod writeback;
 
@@ -32,6 +33,10 @@ pub enum StorageError {
     Corrupt(String),
     #[error("storage backend: {0}")]
     Backend(String),
+    /// A service the storage needs is away or failing (after retries):
+    /// the request may succeed later (503).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// What a backend keeps. Methods block; the server calls them off its

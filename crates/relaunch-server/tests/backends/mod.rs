@@ -5,6 +5,12 @@
 //! created here and dropped afterwards, so tests run in parallel.
 //! Without the variable the PostgreSQL runs are skipped with a line that
 //! says so, and `postgres_runs_under_ci` fails under `CI`.
+//!
+//! Chunk stores the same way: a directory always, S3 when
+//! `RELAUNCH_TEST_S3` names a location (`s3://BUCKET/PREFIX`, with the
+//! endpoint and credentials in `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`; `scripts/test.sh` starts SeaweedFS and sets
+//! them). Each test gets a prefix of its own below it.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,10 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use relaunch_server::storage::Storage;
+use relaunch_server::storage::blobs::{BlobStore, DirBlobs};
 use relaunch_server::storage::postgres::PgStorage;
+use relaunch_server::storage::s3::S3Blobs;
 use relaunch_server::storage::sqlite::{Durability, SqliteStorage};
 
 pub const POSTGRES_ENV: &str = "RELAUNCH_TEST_POSTGRES";
+pub const S3_ENV: &str = "RELAUNCH_TEST_S3";
 
 /// Where one backend keeps a test's data: reopening the same place finds it.
 #[derive(Debug)]
@@ -188,4 +197,112 @@ pub fn dir_of(place: &Place) -> Option<&Path> {
         Place::Sqlite(dir) => Some(dir),
         Place::Postgres(_) => None,
     }
+}
+
+// --- chunk stores ----------------------------------------------------------
+
+/// Where one chunk store keeps a test's chunks.
+#[derive(Debug)]
+pub enum BlobPlace {
+    Dir(PathBuf),
+    /// `s3://BUCKET/PREFIX`, a prefix of this test's own.
+    S3(String),
+}
+
+impl BlobPlace {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Dir(_) => "dir",
+            Self::S3(_) => "s3",
+        }
+    }
+
+    pub fn open(&self) -> Arc<dyn BlobStore> {
+        match self {
+            Self::Dir(dir) => Arc::new(DirBlobs::open(dir, Durability::Process).unwrap()),
+            Self::S3(url) => Arc::new(self.open_s3(url)),
+        }
+    }
+
+    fn open_s3(&self, url: &str) -> S3Blobs {
+        S3Blobs::open(url, None, std::env::vars()).unwrap()
+    }
+
+    /// Replaces the stored bytes of chunk `hash` with `data`, behind the
+    /// store's back (a disk's rot, or someone writing into the bucket).
+    pub fn damage(&self, hash: &str, data: &[u8]) {
+        match self {
+            Self::Dir(dir) => {
+                for path in [
+                    dir.join("chunks").join(&hash[..2]).join(hash),
+                    dir.join("chunks/staged").join(&hash[..2]).join(hash),
+                ] {
+                    if path.is_file() {
+                        std::fs::write(&path, data).unwrap();
+                    }
+                }
+            }
+            Self::S3(url) => s3_put(&format!("{url}/chunks/{}/{hash}", &hash[..2]), data),
+        }
+    }
+}
+
+/// A fresh place in every chunk store available.
+pub fn blob_places(label: &str) -> Vec<BlobPlace> {
+    let mut places = vec![BlobPlace::Dir(temp_dir(label))];
+    match s3_url() {
+        Some(base) => places.push(BlobPlace::S3(s3_prefix(&base, label))),
+        None => s3_skipped_once(),
+    }
+    places
+}
+
+pub fn s3_url() -> Option<String> {
+    std::env::var(S3_ENV)
+        .ok()
+        .filter(|u| !u.is_empty())
+        .map(|u| u.trim_end_matches('/').to_owned())
+}
+
+/// A location of its own below `base`.
+pub fn s3_prefix(base: &str, label: &str) -> String {
+    format!(
+        "{base}/{label}-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    )
+}
+
+fn s3_skipped_once() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        say_skipped(&format!(
+            "the S3 runs of these tests ({S3_ENV} is not set; scripts/test.sh starts \
+             SeaweedFS and sets it)"
+        ));
+    });
+}
+
+/// Writes `data` at `s3://BUCKET/KEY` straight through the S3 API, with
+/// the test's AWS_* variables.
+pub fn s3_put(url: &str, data: &[u8]) {
+    use object_store::ObjectStoreExt as _;
+    let rest = url.strip_prefix("s3://").unwrap();
+    let (bucket, key) = rest.split_once('/').unwrap();
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+    let store = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_allow_http(endpoint.starts_with("http://"))
+        .build()
+        .unwrap();
+    let (key, data) = (object_store::path::Path::from(key), data.to_vec());
+    // On a runtime of its own: the HTTP tests call this from async code.
+    on_own_thread(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(store.put(&key, data.into()))
+            .unwrap();
+    });
 }
