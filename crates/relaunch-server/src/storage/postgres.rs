@@ -63,8 +63,8 @@ type Manager = PostgresConnectionManager<NoTls>;
 /// Connections writing at once; more writes wait for one.
 pub const DEFAULT_MAX_WRITERS: u32 = 8;
 /// How long a request waits for a free connection (or for the database to
-/// answer a new one) before it fails.
-const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
+/// answer a new one) before it fails with 503.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Times a transaction that failed to serialize is run again.
 const RETRIES: usize = 5;
 
@@ -117,6 +117,10 @@ impl PgError {
 
     pub(crate) fn into_storage(self) -> StorageError {
         match self {
+            Self::Db(e) if connect::is_unavailable(&e) => StorageError::Unavailable(format!(
+                "the database (PostgreSQL) is unavailable: {}; retry once it is back",
+                connect::describe_error(&e)
+            )),
             Self::Db(e) => {
                 StorageError::Backend(format!("postgresql: {}", connect::describe_error(&e)))
             }
@@ -203,8 +207,8 @@ impl PgStorage {
             .as_ref()
             .ok_or_else(|| StorageError::Backend("the database is closed".into()))?;
         pool(pools).get().map_err(|e| {
-            StorageError::Backend(format!(
-                "postgresql at {} is unavailable: {e}",
+            StorageError::Unavailable(format!(
+                "the database (PostgreSQL at {}) is unavailable: {e}; retry once it is back",
                 self.target.shown
             ))
         })

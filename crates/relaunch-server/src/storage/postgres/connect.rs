@@ -119,6 +119,28 @@ pub(crate) fn connect_error(target: &Target, e: &postgres::Error) -> StorageErro
 /// `e` with its causes: the driver's own message is only its kind ("db
 /// error", "error connecting to server"); PostgreSQL's words or the
 /// socket's are in the causes.
+/// Whether `e` says the database is away (the connection lost or refused,
+/// the server shutting down or starting) rather than that a statement
+/// failed: the request may succeed later.
+pub(crate) fn is_unavailable(e: &postgres::Error) -> bool {
+    match e.code() {
+        // Class 08: connection exceptions; 57P01-57P03: shutting down,
+        // crashed, not accepting connections yet.
+        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P"),
+        // No SQLSTATE: the connection itself failed (closed, I/O), or a
+        // value did not convert (not the database's absence).
+        None => {
+            let mut cause = std::error::Error::source(e);
+            let mut io = false;
+            while let Some(c) = cause {
+                io |= c.is::<std::io::Error>();
+                cause = c.source();
+            }
+            e.is_closed() || io
+        }
+    }
+}
+
 pub(crate) fn describe_error(e: &postgres::Error) -> String {
     let mut text = e.to_string();
     let mut cause = std::error::Error::source(e);
