@@ -257,43 +257,49 @@ async fn a_log_follow_on_one_replica_wakes_for_lines_stored_through_another() {
     let opened = router(a.clone()).oneshot(open).await.unwrap();
     assert!(opened.status().is_success(), "{}", opened.status());
 
+    let lines = |seq: u64, text: &str| {
+        let mut bytes = Vec::new();
+        Batch {
+            writer: "w".into(),
+            attempt_token: "t".into(),
+            records: vec![(
+                seq,
+                Record::Log {
+                    rank: 0,
+                    stream: relaunch_api::Stream::Stdout,
+                    wall: 0.0,
+                    text: text.into(),
+                },
+            )],
+        }
+        .encode(&mut bytes);
+        Request::builder()
+            .method("POST")
+            .uri("/api/v1/runs/r/batches")
+            .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+            .body(Body::from(bytes))
+            .unwrap()
+    };
+    // A line already there: the follow waits for the ones after it, as the
+    // dashboard's live log does.
+    let sent = router(a.clone()).oneshot(lines(1, "before")).await.unwrap();
+    assert_eq!(sent.status(), StatusCode::OK);
     let follow = tokio::spawn(
         router(b.clone()).oneshot(
             Request::builder()
-                .uri("/api/v1/runs/r/logs?wait=30")
+                .uri("/api/v1/runs/r/logs?after=1&wait=30")
                 .body(Body::empty())
                 .unwrap(),
         ),
     );
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Longer than the listener's stop check (1 s): it must still hear.
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     assert!(
         !follow.is_finished(),
         "the follow waits while there is nothing"
     );
-    let mut bytes = Vec::new();
-    Batch {
-        writer: "w".into(),
-        attempt_token: "t".into(),
-        records: vec![(
-            1,
-            Record::Log {
-                rank: 0,
-                stream: relaunch_api::Stream::Stdout,
-                wall: 0.0,
-                text: "through a".into(),
-            },
-        )],
-    }
-    .encode(&mut bytes);
     let sent = router(a.clone())
-        .oneshot(
-            Request::builder()
-                .method("POST")
-                .uri("/api/v1/runs/r/batches")
-                .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
-                .body(Body::from(bytes))
-                .unwrap(),
-        )
+        .oneshot(lines(2, "through a"))
         .await
         .unwrap();
     assert_eq!(sent.status(), StatusCode::OK);

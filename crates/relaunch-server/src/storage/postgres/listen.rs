@@ -67,10 +67,11 @@ fn listen(target: &Target, changed: &LogsChanged, stop: &AtomicBool) {
             changed();
         }
         reconnected = true;
-        let mut notifications = client.notifications();
-        let mut waiting = notifications.timeout_iter(STOP_CHECK);
         loop {
-            match waiting.next() {
+            // A fresh iterator per wait: one whose wait timed out stays
+            // timed out (its delay is reset only by a notification), and
+            // would spin.
+            match client.notifications().timeout_iter(STOP_CHECK).next() {
                 Ok(Some(_)) => changed(),
                 Ok(None) if stop.load(Ordering::Relaxed) => return,
                 Ok(None) => {}
