@@ -3,10 +3,13 @@ child process on loopback."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -154,16 +157,122 @@ class TrackingServer:
             self.child.kill()
 
 
+# RELAUNCH_TEST_SERVERS=replicas: every tracking server of the tests is two
+# replicas on PostgreSQL + S3 (scripts/test.sh runs the tracking tests once
+# more this way).
+REPLICAS = os.environ.get("RELAUNCH_TEST_SERVERS") == "replicas"
+# Read now: some test modules clear RELAUNCH_* from the environment.
+_POSTGRES = os.environ.get("RELAUNCH_TEST_POSTGRES")
+_S3 = os.environ.get("RELAUNCH_TEST_S3")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not REPLICAS:
+        return
+    skip = pytest.mark.skip(reason="looks at the server's data directory on disk")
+    for item in items:
+        if "local_storage" in item.keywords:
+            item.add_marker(skip)
+
+
+def _psql(url: str, sql: str) -> None:
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql], check=True)
+
+
+class ReplicatedServer:
+    """Two ``relaunch server`` replicas on a database of their own (on the
+    PostgreSQL that scripts/test.sh starts, ``RELAUNCH_TEST_POSTGRES``) with
+    their chunks under a prefix of their own in its S3 bucket
+    (``RELAUNCH_TEST_S3``), behind :class:`TrackingServer`'s interface:
+    clients write through the first (:attr:`url`), tests read through the
+    second (:attr:`read_url`), so every read proves a write is visible on
+    another replica; stop, kill and start act on both."""
+
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        admin, bucket = _POSTGRES, _S3
+        if not admin or not bucket:
+            raise RuntimeError(
+                "RELAUNCH_TEST_SERVERS=replicas needs RELAUNCH_TEST_POSTGRES and RELAUNCH_TEST_S3 "
+                "(scripts/test.sh starts both)"
+            )
+        self.admin = admin
+        self.database = f"replicas_{secrets.token_hex(6)}"
+        _psql(admin, f"CREATE DATABASE {self.database}")
+        parts = urllib.parse.urlsplit(admin)
+        url = urllib.parse.urlunsplit(parts._replace(path=f"/{self.database}"))
+        self.backend = ["--database", url, "--blobs", f"{bucket}/{self.database}"]
+        self.data_dir = data_dir
+        self.replicas = [
+            TrackingServer(data_dir / name, *self.backend, *args, env=env) for name in ("a", "b")
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.replicas[0].url
+
+    @property
+    def read_url(self) -> str:
+        return self.replicas[1].url
+
+    @property
+    def port(self) -> int:
+        return self.replicas[0].port
+
+    @property
+    def read_port(self) -> int:
+        return self.replicas[1].port
+
+    @property
+    def log(self) -> list[str]:
+        return self.replicas[0].log
+
+    @property
+    def running(self) -> bool:
+        return all(r.running for r in self.replicas)
+
+    @property
+    def args(self) -> list[str]:
+        return self.replicas[0].args[len(self.backend) :]
+
+    @args.setter
+    def args(self, args: list[str]) -> None:
+        for r in self.replicas:
+            r.args = [*self.backend, *args]
+
+    def start(self, timeout: float = 30.0) -> None:
+        for r in self.replicas:
+            r.start(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        codes = [r.stop(timeout) for r in self.replicas]
+        return next((c for c in codes if c != 0), 0)
+
+    def kill(self) -> None:
+        for r in self.replicas:
+            r.kill()
+
+    def restart(self) -> None:
+        for r in self.replicas:
+            r.restart()
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.close()
+        _psql(self.admin, f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
+
+
 @pytest.fixture
 def tracking_servers(tmp_path: Path) -> Iterator[Callable[..., TrackingServer]]:
     """Starts ``relaunch server`` children: ``tracking_servers(*flags, env=None)``,
-    each with a data directory of its own; all are killed at teardown."""
+    each with a data directory of its own; all are killed at teardown. Under
+    ``RELAUNCH_TEST_SERVERS=replicas`` each is a :class:`ReplicatedServer`."""
     servers: list[TrackingServer] = []
+    kind = ReplicatedServer if REPLICAS else TrackingServer
 
     def start(*args: str, env: dict[str, str] | None = None) -> TrackingServer:
-        server = TrackingServer(tmp_path / f"server-data-{len(servers)}", *args, env=env)
-        servers.append(server)
-        return server
+        server = kind(tmp_path / f"server-data-{len(servers)}", *args, env=env)
+        servers.append(server)  # type: ignore[arg-type]
+        return server  # type: ignore[return-value]
 
     yield start
     for server in servers:

@@ -118,6 +118,7 @@ relaunch.upload_file(sys.argv[1], "r", "big.bin", server=sys.argv[2])
 """
 
 
+@pytest.mark.local_storage
 def test_an_uploader_killed_mid_file_resumes_and_sends_only_what_is_missing(
     tracking_server, tmp_path
 ):
@@ -194,6 +195,7 @@ def test_transfers_go_through_an_http_proxy(tracking_server, proxy, tmp_path):
     assert "through the proxy http://127.0.0.1:9" in out.stderr and "NO_PROXY" in out.stderr
 
 
+@pytest.mark.local_storage
 def test_damage_is_refused_on_the_way_in_and_caught_on_the_way_out(tracking_server, tmp_path):
     server = tracking_server
     new_run(server, "r")

@@ -25,7 +25,8 @@ RELAUNCH = [sys.executable, "-m", "relaunch"]
 
 
 def get(server: TrackingServer, path: str, **query: object) -> object:
-    url = f"{server.url}/api/v1{path}"
+    # A replicated server is read through another replica than the one written to.
+    url = f"{getattr(server, 'read_url', server.url)}/api/v1{path}"
     if query:
         url += "?" + urllib.parse.urlencode(query)
     with urllib.request.urlopen(url, timeout=30) as response:

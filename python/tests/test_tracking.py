@@ -80,7 +80,9 @@ def request(
     token: str | None = None,
 ) -> tuple[int, bytes]:
     """One raw HTTP request; returns the status and the body."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    # A replicated server is read through another replica than the one written to.
+    port = getattr(server, "read_port", server.port) if method == "GET" else server.port
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         all_headers = dict(headers or {})
         if token is not None:
@@ -943,6 +945,7 @@ def test_a_token_guards_everything_but_health_and_openapi(tracking_servers):
     assert out.returncode == 0 and "guarded" in out.stdout
 
 
+@pytest.mark.local_storage
 def test_run_ids_in_urls_cannot_escape_and_never_crash_the_server(tracking_server, tmp_path):
     server = tracking_server
     open_raw_run(server, "safe")

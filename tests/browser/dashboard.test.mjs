@@ -171,7 +171,7 @@ if rank == 0:
     print("hello from the live tail", flush=True)
 run.finish(timeout=30)
 `);
-  const job = w.spawn(RELAUNCH, ['run', '--server', w.url, '--project', 'launched', '--run-id', 'job1',
+  const job = w.spawn(RELAUNCH, ['run', '--server', w.clientUrl, '--project', 'launched', '--run-id', 'job1',
     '--nproc-per-node', '2', '--max-restarts', '1', '--monitor-interval', '0.1', '--system-metrics-interval', '1',
     '--tracking-dir', join(w.dir, 'client'), script], { env: w.env({ PYTHON_EXEC: PYTHON }) });
   const page = await w.page();

@@ -4,6 +4,7 @@
 // kept, and every process started here killed at the end.
 
 import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -46,19 +47,23 @@ export class World {
     t.after(() => w.close());
     w.dir = mkdtempSync(join(tmpdir(), 'relaunch-browser-'));
     w.token = token;
-    const args = ['server', '--data-dir', join(w.dir, 'data'), '--port', '0', '--durability', 'process'];
+    const args = ['--port', '0', '--durability', 'process'];
     if (token) args.push('--token', token);
-    const server = w.spawn(RELAUNCH, args);
-    let err = '';
-    w.url = await new Promise((ok, fail) => {
-      const timer = setTimeout(() => fail(new Error(`the server did not start: ${err}`)), 15000);
-      server.stderr.on('data', (d) => {
-        err += d;
-        const m = err.match(/http:\/\/[\d.]+:\d+/);
-        if (m) { clearTimeout(timer); ok(m[0]); }
-      });
-      server.on('exit', (code) => fail(new Error(`the server exited (${code}): ${err}`)));
-    });
+    if (REPLICAS) {
+      // Two replicas on a database of their own and an S3 prefix of their
+      // own: the page reads through the second, clients write through the first.
+      w.database = `browser_${randomBytes(6).toString('hex')}`;
+      psql(process.env.RELAUNCH_TEST_POSTGRES, `CREATE DATABASE ${w.database}`);
+      const db = new URL(process.env.RELAUNCH_TEST_POSTGRES);
+      db.pathname = `/${w.database}`;
+      args.push('--database', db.toString(), '--blobs', `${process.env.RELAUNCH_TEST_S3}/${w.database}`);
+      const first = await w.server([...args, '--data-dir', join(w.dir, 'data-a')]);
+      w.url = await w.server([...args, '--data-dir', join(w.dir, 'data-b')]);
+      w.clientUrl = first;
+    } else {
+      w.url = await w.server([...args, '--data-dir', join(w.dir, 'data')]);
+      w.clientUrl = w.url;
+    }
     w.browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox'] });
     w.context = await w.browser.newContext({ viewport: { width: 1400, height: 900 }, acceptDownloads: true });
     return w;
@@ -67,6 +72,21 @@ export class World {
   constructor() {
     this.procs = [];
     this.errors = [];
+  }
+
+  /** Starts `relaunch server ARGS`; its URL once it serves. */
+  async server(args) {
+    const server = this.spawn(RELAUNCH, ['server', ...args]);
+    let err = '';
+    return new Promise((ok, fail) => {
+      const timer = setTimeout(() => fail(new Error(`the server did not start: ${err}`)), 15000);
+      server.stderr.on('data', (d) => {
+        err += d;
+        const m = err.match(/relaunch server: (http:\/\/[\d.]+:\d+)/);
+        if (m) { clearTimeout(timer); ok(m[1]); }
+      });
+      server.on('exit', (code) => fail(new Error(`the server exited (${code}): ${err}`)));
+    });
   }
 
   /** Starts a process that `close()` kills. */
@@ -83,7 +103,7 @@ export class World {
   env(extra = {}) {
     return {
       ...process.env,
-      RELAUNCH_SERVER: this.url,
+      RELAUNCH_SERVER: this.clientUrl,
       RELAUNCH_DIR: join(this.dir, 'client'),
       ...(this.token ? { RELAUNCH_SERVER_TOKEN: this.token } : {}),
       ...extra,
@@ -122,7 +142,17 @@ export class World {
       }
     }
     if (this.dir) rmSync(this.dir, { recursive: true, force: true });
+    if (this.database) psql(process.env.RELAUNCH_TEST_POSTGRES, `DROP DATABASE IF EXISTS ${this.database} WITH (FORCE)`);
   }
+}
+
+/** RELAUNCH_TEST_SERVERS=replicas: every world's server is two replicas on
+ * PostgreSQL + S3 (RELAUNCH_TEST_POSTGRES, RELAUNCH_TEST_S3: scripts/test.sh). */
+const REPLICAS = process.env.RELAUNCH_TEST_SERVERS === 'replicas';
+
+function psql(url, sql) {
+  const r = spawnSync('psql', ['-X', '-q', '-v', 'ON_ERROR_STOP=1', url, '-c', sql], { encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`psql failed (${r.status}): ${r.stderr}`);
 }
 
 /** Reads a chart's data (uPlot's columns) by its metric name. */
