@@ -190,7 +190,8 @@ fn fill(s: &dyn Storage, blobs: &dyn BlobStore) {
     s.commit_file("r-b", &file("again.bin", vec![c1]), tick())
         .unwrap();
     s.open_run(&init("text", "r-c", "t"), tick()).unwrap();
-    s.ingest("r-c", &metrics("w", "t", 1, 3, &[(5, 0.0)]), tick())
+    // Only NaN: a chunk whose extremes and last value are NaN, a NaN latest.
+    s.ingest("r-c", &metrics("w", "t", 1, 3, &[(5, f64::NAN)]), tick())
         .unwrap();
     // A run opened without a project, and one with nothing logged.
     s.open_run(
