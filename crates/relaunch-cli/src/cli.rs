@@ -284,7 +284,12 @@ pub struct MigrateArgs {
     pub from_blobs: Option<String>,
 
     /// The S3-compatible service of --from-blobs [default: AWS_ENDPOINT_URL, else AWS].
-    #[arg(long, value_name = "URL", requires = "from_blobs", help_heading = "Source")]
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "from_blobs",
+        help_heading = "Source"
+    )]
     pub from_s3_endpoint: Option<String>,
 
     /// The data directory (created if missing) to copy into: SQLite (unless --database)

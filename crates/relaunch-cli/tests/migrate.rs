@@ -137,7 +137,11 @@ fn fill(s: &dyn Storage, blobs: &dyn BlobStore) {
                 } else {
                     Record::Log {
                         rank: (i % 3) as u32,
-                        stream: if i % 2 == 0 { Stream::Stdout } else { Stream::Stderr },
+                        stream: if i % 2 == 0 {
+                            Stream::Stdout
+                        } else {
+                            Stream::Stderr
+                        },
                         wall: 2_000.0 + i as f64,
                         text: if i == 7 {
                             "a NUL \0 inside, ✓".into()
@@ -178,7 +182,8 @@ fn fill(s: &dyn Storage, blobs: &dyn BlobStore) {
     .unwrap();
     s.commit_file("r-a", &file("notes.txt", vec![c2, c3]), tick())
         .unwrap();
-    s.commit_file("r-a", &file("empty", vec![]), tick()).unwrap();
+    s.commit_file("r-a", &file("empty", vec![]), tick())
+        .unwrap();
 
     s.open_run(&init("vision", "r-b", "t"), tick()).unwrap();
     s.ingest(
@@ -278,7 +283,9 @@ fn assert_same(
                         for ((s1, v1), (s2, v2)) in bx.iter().zip(&by) {
                             assert_eq!(s1, s2);
                             assert!(
-                                v1 == v2 || (f64::from_bits(*v1).is_nan() && f64::from_bits(*v2).is_nan())
+                                v1 == v2
+                                    || (f64::from_bits(*v1).is_nan()
+                                        && f64::from_bits(*v2).is_nan())
                             );
                         }
                     }
@@ -315,7 +322,10 @@ fn assert_same(
         };
         assert_eq!(events(a), events(b), "events of {id}");
         for writer in ["w", "w0", "w1", "w0-1", "launcher"] {
-            assert_eq!(a.watermark(id, writer).unwrap(), b.watermark(id, writer).unwrap());
+            assert_eq!(
+                a.watermark(id, writer).unwrap(),
+                b.watermark(id, writer).unwrap()
+            );
         }
         let files = a.files(id).unwrap();
         assert_eq!(files, b.files(id).unwrap(), "files of {id}");
@@ -423,7 +433,14 @@ fn a_data_directory_moves_to_postgres_and_s3_and_back_whole() {
     eprintln!("{stdout}{stderr}");
     assert!(stderr.contains("5 run(s) in the source, 0 already in the target, 5 to copy"));
     assert!(stderr.contains("every count matches"));
-    for table in ["projects", "runs", "metric points", "console lines", "events", "writers"] {
+    for table in [
+        "projects",
+        "runs",
+        "metric points",
+        "console lines",
+        "events",
+        "writers",
+    ] {
         assert!(stdout.contains(table), "{table} in\n{stdout}");
     }
     assert!(!stdout.contains("DIFFERS"));
@@ -439,7 +456,10 @@ fn a_data_directory_moves_to_postgres_and_s3_and_back_whole() {
     let out = migrate(&["--from", src_arg, "--database", &db.url, "--blobs", &bucket]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("5 already in the target, 0 to copy"), "{stderr}");
+    assert!(
+        stderr.contains("5 already in the target, 0 to copy"),
+        "{stderr}"
+    );
     assert_same(&source, &source_blobs, &target, &target_blobs, RUNS);
 
     // A client resuming r-a's writer w0 against the target: what it sends
@@ -448,9 +468,9 @@ fn a_data_directory_moves_to_postgres_and_s3_and_back_whole() {
     assert_eq!(target.watermark("r-a", "w0").unwrap(), n);
     let before_points = target.series("r-a", &full("loss", 0)).unwrap().total;
     let mut resend = metrics("w0", "L:0", n - 1, 0, &[(3998, 0.0), (3999, 0.0)]);
-    resend.records.extend(
-        metrics("w0", "L:0", n + 1, 0, &[(6000, 6.0), (6001, 7.0)]).records,
-    );
+    resend
+        .records
+        .extend(metrics("w0", "L:0", n + 1, 0, &[(6000, 6.0), (6001, 7.0)]).records);
     let ack = target.ingest("r-a", &resend, 9_999.0).unwrap();
     assert_eq!(ack.watermark, n + 2);
     let after_points = target.series("r-a", &full("loss", 0)).unwrap().total;
@@ -471,7 +491,13 @@ fn a_data_directory_moves_to_postgres_and_s3_and_back_whole() {
     let (laptop, laptop_blobs) = sqlite(&back);
     let mut with_unrelated = RUNS.to_vec();
     with_unrelated.push("unrelated");
-    assert_same(&target, &target_blobs, &laptop, &laptop_blobs, &with_unrelated);
+    assert_same(
+        &target,
+        &target_blobs,
+        &laptop,
+        &laptop_blobs,
+        &with_unrelated,
+    );
     drop((laptop, source));
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&back);
@@ -491,7 +517,10 @@ fn full(key: &str, rank: u32) -> SeriesQuery {
 
 /// Kills `relaunch server migrate` while the second run it copies is
 /// written but not committed, then runs it again.
-fn interrupt_and_resume(target_args: &[&str], open: impl Fn() -> (Arc<dyn Storage>, Arc<dyn BlobStore>)) {
+fn interrupt_and_resume(
+    target_args: &[&str],
+    open: impl Fn() -> (Arc<dyn Storage>, Arc<dyn BlobStore>),
+) {
     let src = source_dir("migrate-kill");
     let src_arg = src.to_str().unwrap();
     let mut child = Command::new(BIN)
@@ -517,16 +546,28 @@ fn interrupt_and_resume(target_args: &[&str], open: impl Fn() -> (Arc<dyn Storag
     {
         let (target, _) = open();
         assert!(target.get_run("r-a").is_ok(), "the first run was committed");
-        assert!(target.get_run("r-b").is_err(), "a half-copied run is visible");
+        assert!(
+            target.get_run("r-b").is_err(),
+            "a half-copied run is visible"
+        );
     }
     let out = migrate(&[&["--from", src_arg][..], target_args].concat());
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("1 already in the target, 4 to copy"), "{stderr}");
+    assert!(
+        stderr.contains("1 already in the target, 4 to copy"),
+        "{stderr}"
+    );
     assert!(!stdout.contains("DIFFERS"), "{stdout}");
     let (source, source_blobs) = sqlite(&src);
     let (target, target_blobs) = open();
-    assert_same(&source, &source_blobs, target.as_ref(), target_blobs.as_ref(), RUNS);
+    assert_same(
+        &source,
+        &source_blobs,
+        target.as_ref(),
+        target_blobs.as_ref(),
+        RUNS,
+    );
     let _ = std::fs::remove_dir_all(&src);
 }
 

@@ -145,8 +145,7 @@ fn plan(
             continue;
         };
         let ours = head(source, id)?;
-        let same =
-            ours == theirs && source.rows.run_counts(id)? == target.rows.run_counts(id)?;
+        let same = ours == theirs && source.rows.run_counts(id)? == target.rows.run_counts(id)?;
         if same {
             present.push(id.clone());
         } else {

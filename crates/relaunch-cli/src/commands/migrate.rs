@@ -116,8 +116,7 @@ fn open_source(args: &MigrateArgs) -> anyhow::Result<Side> {
         (None, Some(dir)) => Box::new(SqliteTransfer::open_source(dir).map_err(message)?),
         (None, None) => bail!("give the source: --from DIR or --from-database URL"),
     };
-    let (blobs, blobs_place): (Arc<dyn BlobStore>, String) = match (&args.from_blobs, &args.from)
-    {
+    let (blobs, blobs_place): (Arc<dyn BlobStore>, String) = match (&args.from_blobs, &args.from) {
         (Some(url), _) => (
             Arc::new(
                 S3Blobs::open(url, args.from_s3_endpoint.as_deref(), std::env::vars())
@@ -207,10 +206,7 @@ fn table(report: &Report) -> String {
         .max()
         .unwrap_or(5)
         .max(5);
-    let mut out = format!(
-        "{:<width$}  {:>14}  {:>14}\n",
-        "table", "source", "target"
-    );
+    let mut out = format!("{:<width$}  {:>14}  {:>14}\n", "table", "source", "target");
     for c in &report.counts {
         let mark = if c.source == c.target {
             ""

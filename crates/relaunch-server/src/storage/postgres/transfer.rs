@@ -63,10 +63,7 @@ impl PgTransfer {
         let shown = this.target.shown.clone();
         let has_schema: bool = this
             .client
-            .query_one(
-                "SELECT to_regclass('relaunch_schema') IS NOT NULL",
-                &[],
-            )
+            .query_one("SELECT to_regclass('relaunch_schema') IS NOT NULL", &[])
             .map_err(db)?
             .get(0);
         if !has_schema {
@@ -111,7 +108,13 @@ impl PgTransfer {
         args: &[&(dyn postgres::types::ToSql + Sync)],
         f: impl FnMut(&Row) -> T,
     ) -> Result<Vec<T>, StorageError> {
-        Ok(self.client.query(sql, args).map_err(db)?.iter().map(f).collect())
+        Ok(self
+            .client
+            .query(sql, args)
+            .map_err(db)?
+            .iter()
+            .map(f)
+            .collect())
     }
 
     fn count(&mut self, sql: &str, run: &str) -> Result<u64, StorageError> {
@@ -419,7 +422,14 @@ impl Transfer for PgTransfer {
                 .execute(
                     "INSERT INTO latest(key_id, rank, step, value, wall, attempt) \
                      VALUES ($1, $2, $3, $4, $5, $6)",
-                    &[&key, &int(l.rank), &l.step, &l.value, &l.wall, &int(l.attempt)],
+                    &[
+                        &key,
+                        &int(l.rank),
+                        &l.step,
+                        &l.value,
+                        &l.wall,
+                        &int(l.attempt),
+                    ],
                 )
                 .map_err(db)?;
         }

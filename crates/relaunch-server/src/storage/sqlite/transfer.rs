@@ -494,7 +494,9 @@ impl RunWriter for SqliteRunWriter<'_> {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .and_then(|mut s| {
-                    s.execute(params![self.run, l.rank, l.stream, l.attempt, l.wall, l.text])
+                    s.execute(params![
+                        self.run, l.rank, l.stream, l.attempt, l.wall, l.text
+                    ])
                 })
                 .map_err(backend)?;
         }
