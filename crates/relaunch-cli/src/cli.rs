@@ -245,7 +245,7 @@ pub enum ServerCommand {
     /// Copy every project, run, metric, console line, event, file and checkpoint from one
     /// storage into another: a data directory into PostgreSQL (+ S3), or back.
     #[command(after_help = MIGRATE_HELP)]
-    Migrate(MigrateArgs),
+    Migrate(Box<MigrateArgs>),
 }
 
 const MIGRATE_HELP: &str = "\
