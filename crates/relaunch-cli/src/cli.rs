@@ -146,7 +146,12 @@ pub struct FilesGetArgs {
 
 /// Options of `relaunch server`.
 #[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ServerArgs {
+    /// Start the server (no subcommand), or a maintenance command.
+    #[command(subcommand)]
+    pub command: Option<ServerCommand>,
+
     /// Where the database and files live (created if missing); with --database or --blobs, what
     /// they do not hold.
     #[arg(
@@ -217,6 +222,7 @@ pub struct ServerArgs {
 impl Default for ServerArgs {
     fn default() -> Self {
         Self {
+            command: None,
             data_dir: "relaunch-data".into(),
             database: None,
             blobs: None,
@@ -232,6 +238,79 @@ impl Default for ServerArgs {
             max_readers: relaunch_server::storage::sqlite::DEFAULT_MAX_READERS,
         }
     }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Subcommand)]
+pub enum ServerCommand {
+    /// Copy every project, run, metric, console line, event, file and checkpoint from one
+    /// storage into another: a data directory into PostgreSQL (+ S3), or back.
+    #[command(after_help = MIGRATE_HELP)]
+    Migrate(Box<MigrateArgs>),
+}
+
+const MIGRATE_HELP: &str = "\
+Examples:
+  relaunch server migrate --from relaunch-data --database postgres://relaunch@db:5432/relaunch \\
+      --blobs s3://bucket/relaunch
+  relaunch server migrate --from-database postgres://relaunch@db:5432/relaunch \\
+      --from-blobs s3://bucket/relaunch --to laptop-data
+
+The source is only read. Each run is copied in one transaction, so a migration that is
+interrupted resumes where it stopped when run again: runs already in the target are skipped,
+chunks already in the target's store are not sent again. A run id in both with different
+content is an error, never merged. The end prints a per-table count of the source's rows and
+the target's, and the exit status is 1 if any differs.";
+
+/// Options of `relaunch server migrate`: the source as `--from*`, the
+/// target with the flags `relaunch server` would start on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(true)
+    .args(["from", "from_database"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true)
+    .args(["to", "database"])))]
+pub struct MigrateArgs {
+    /// The --data-dir of the server to copy from: its SQLite database (unless
+    /// --from-database), and its file chunks (unless --from-blobs).
+    #[arg(long, value_name = "DIR", help_heading = "Source")]
+    pub from: Option<PathBuf>,
+
+    /// The PostgreSQL database of the server to copy from (its --database), read in one
+    /// read-only snapshot.
+    #[arg(long, value_name = "URL", help_heading = "Source")]
+    pub from_database: Option<String>,
+
+    /// The S3 location of its file chunks (its --blobs): s3://BUCKET/PREFIX.
+    #[arg(long, value_name = "URL", help_heading = "Source")]
+    pub from_blobs: Option<String>,
+
+    /// The S3-compatible service of --from-blobs [default: AWS_ENDPOINT_URL, else AWS].
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "from_blobs",
+        help_heading = "Source"
+    )]
+    pub from_s3_endpoint: Option<String>,
+
+    /// The data directory (created if missing) to copy into: SQLite (unless --database)
+    /// and file chunks (unless --blobs).
+    #[arg(long, value_name = "DIR", help_heading = "Target")]
+    pub to: Option<PathBuf>,
+
+    /// The PostgreSQL database to copy into, postgres://USER[:PASSWORD]@HOST:PORT/DB
+    /// (the password from PGPASSWORD when the URL has none); its schema is created or migrated.
+    #[arg(long, value_name = "URL", help_heading = "Target")]
+    pub database: Option<String>,
+
+    /// The S3 location for file chunks, s3://BUCKET/PREFIX (the bucket must exist).
+    /// Credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, for
+    /// both sides.
+    #[arg(long, value_name = "URL", help_heading = "Target")]
+    pub blobs: Option<String>,
+
+    /// The S3-compatible service of --blobs [default: AWS_ENDPOINT_URL, else AWS].
+    #[arg(long, value_name = "URL", requires = "blobs", help_heading = "Target")]
+    pub s3_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -17,7 +17,7 @@ use clap::Parser;
 pub use cli::{
     CkptCommand, CkptPullArgs, Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs,
     FilesPutArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServeArgs,
-    ServerArgs, ServerConnection, StoreCommand, SyncArgs,
+    ServerArgs, ServerCommand, ServerConnection, StoreCommand, SyncArgs,
 };
 
 /// What the caller knows that the command line does not say.
@@ -71,7 +71,10 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
     match command {
         Command::Run(args) => commands::run::run(args, context),
         Command::Doctor(args) => commands::doctor::run(args, context),
-        Command::Server(args) => commands::server::run(args),
+        Command::Server(args) => match &args.command {
+            Some(ServerCommand::Migrate(migrate)) => commands::migrate::run(migrate),
+            None => commands::server::run(args),
+        },
         Command::Store(StoreCommand::Serve(args)) => commands::store::serve(args).map(|()| 0),
         Command::Runs(RunsCommand::Ls(args)) => commands::runs::ls(args),
         Command::Runs(RunsCommand::Show(args)) => commands::runs::show(args),

@@ -8,6 +8,7 @@ mod conn;
 mod dashboard;
 mod error;
 pub mod files;
+pub mod migrate;
 pub mod names;
 mod reads;
 pub mod storage;

@@ -4,6 +4,7 @@ pub(crate) mod doctor;
 pub(crate) mod files;
 pub(crate) mod logs;
 pub(crate) mod metrics;
+pub(crate) mod migrate;
 pub(crate) mod run;
 pub(crate) mod runs;
 pub(crate) mod server;

@@ -106,6 +106,16 @@ impl DirBlobs {
         Ok(Self { root, durability })
     }
 
+    /// The chunks of `data_dir` to read only (a migration's source): no
+    /// directory is made and nothing staged is checked or removed; every
+    /// read still checks the hash.
+    pub fn open_read_only(data_dir: &Path) -> Self {
+        Self {
+            root: data_dir.join("chunks"),
+            durability: Durability::Fsync,
+        }
+    }
+
     fn path(&self, hash: &str) -> Result<PathBuf, StorageError> {
         relaunch_api::files::check_hash(hash).map_err(StorageError::Invalid)?;
         Ok(self.root.join(&hash[..2]).join(hash))

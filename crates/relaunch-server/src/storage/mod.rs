@@ -11,6 +11,7 @@ pub mod postgres;
 pub mod runs;
 pub mod s3;
 pub mod sqlite;
+pub mod transfer;
 mod writeback;
 
 use relaunch_api::{

@@ -34,6 +34,7 @@
 mod connect;
 mod listen;
 pub mod schema;
+mod transfer;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -50,6 +51,7 @@ use serde_json::Value;
 
 pub use self::connect::PASSWORD_ENV;
 use self::connect::Target;
+pub use self::transfer::PgTransfer;
 use super::chunk::{self, BLOCK, Point, Summary};
 use super::downsample::{ChunkMeta, ChunkSource, assemble};
 use super::filter::{self, ParamValue};

@@ -29,6 +29,9 @@ use super::ingest::{self, Plan};
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::{Storage, StorageError};
 
+mod transfer;
+pub use self::transfer::SqliteTransfer;
+
 /// What an acknowledged write survives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
