@@ -47,6 +47,38 @@ pub trait ChunkSource {
             .unwrap_or_default()
             .to_vec())
     }
+
+    /// [`points`](Self::points) of several chunks. A backend for which each
+    /// read is a round trip (a database server) overrides these `_many`
+    /// reads with one query each; by default they read one by one.
+    fn points_many(&mut self, ids: &[i64]) -> Result<HashMap<i64, Vec<Point>>, StorageError> {
+        ids.iter().map(|&id| Ok((id, self.points(id)?))).collect()
+    }
+
+    /// [`blocks`](Self::blocks) of several chunks.
+    fn blocks_many(&mut self, ids: &[i64]) -> Result<HashMap<i64, Vec<Summary>>, StorageError> {
+        ids.iter().map(|&id| Ok((id, self.blocks(id)?))).collect()
+    }
+
+    /// [`block_points`](Self::block_points) of several (chunk, block) pairs.
+    fn block_points_many(
+        &mut self,
+        wanted: &[(i64, usize)],
+    ) -> Result<HashMap<(i64, usize), Vec<Point>>, StorageError> {
+        wanted
+            .iter()
+            .map(|&(id, index)| Ok(((id, index), self.block_points(id, index)?)))
+            .collect()
+    }
+}
+
+/// What a `_many` read left out: a chunk the caller knows is there.
+fn fetched<K, V>(map: &mut HashMap<K, V>, key: K) -> Result<V, StorageError>
+where
+    K: std::fmt::Debug + std::hash::Hash + Eq,
+{
+    map.remove(&key)
+        .ok_or_else(|| StorageError::Corrupt(format!("chunk {key:?} vanished while it was read")))
 }
 
 /// The series' points in the query's range: all of them when they fit in
@@ -82,7 +114,7 @@ pub fn assemble(
 
     // Whole chunks, and the visible points of partly visible ones.
     let mut whole: Vec<&ChunkMeta> = Vec::new();
-    let mut partial: Vec<(u32, i64, Vec<Point>)> = Vec::new();
+    let mut cut: Vec<&ChunkMeta> = Vec::new();
     let mut total = 0u64;
     for c in &chunks {
         let s = c.summary;
@@ -93,23 +125,27 @@ pub fn assemble(
             total += s.count;
             whole.push(c);
         } else {
-            let points: Vec<Point> = source
-                .points(c.id)?
-                .into_iter()
-                .filter(|p| visible(c.attempt, p.step))
-                .collect();
-            total += points.len() as u64;
-            partial.push((c.attempt, c.id, points));
+            cut.push(c);
         }
+    }
+    let mut cut_points = source.points_many(&cut.iter().map(|c| c.id).collect::<Vec<_>>())?;
+    let mut partial: Vec<(u32, i64, Vec<Point>)> = Vec::with_capacity(cut.len());
+    for c in cut {
+        let points: Vec<Point> = fetched(&mut cut_points, c.id)?
+            .into_iter()
+            .filter(|p| visible(c.attempt, p.step))
+            .collect();
+        total += points.len() as u64;
+        partial.push((c.attempt, c.id, points));
     }
 
     let buckets = u64::from(query.buckets.max(1));
     if total <= buckets {
         let mut all: Vec<(i64, i64, u32, Point)> = Vec::with_capacity(total as usize);
+        let mut points = source.points_many(&whole.iter().map(|c| c.id).collect::<Vec<_>>())?;
         for c in whole {
             all.extend(
-                source
-                    .points(c.id)?
+                fetched(&mut points, c.id)?
                     .into_iter()
                     .map(|p| (p.step, c.id, c.attempt, p)),
             );
@@ -164,24 +200,43 @@ pub fn assemble(
     let width = span.div_ceil(u128::from(buckets)).max(1);
     let bucket = |step: i64| ((i128::from(step) - i128::from(covered_lo)) as u128 / width) as u64;
 
+    // Chunks within one bucket count by their summary; the others by their
+    // blocks' summaries, and blocks that span buckets by their points. Each
+    // of those two reads is one request for all the chunks that need it.
+    let spans = |s: &Summary| bucket(s.first_step) != bucket(s.last_step);
+    let spanning: Vec<i64> = whole
+        .iter()
+        .filter(|c| spans(&c.summary))
+        .map(|c| c.id)
+        .collect();
+    let blocks_of = source.blocks_many(&spanning)?;
+    let mut wanted: Vec<(i64, usize)> = Vec::new();
+    for id in &spanning {
+        for (i, b) in blocks_of.get(id).into_iter().flatten().enumerate() {
+            if spans(b) {
+                wanted.push((*id, i));
+            }
+        }
+    }
+    let mut block_points = source.block_points_many(&wanted)?;
     let mut acc: BTreeMap<u64, Bucket> = BTreeMap::new();
     for c in whole {
         let s = c.summary;
-        if bucket(s.first_step) == bucket(s.last_step) {
+        if !spans(&s) {
             acc.entry(bucket(s.first_step))
                 .or_default()
                 .merge(&s, c.attempt);
             continue;
         }
-        let blocks = source.blocks(c.id)?;
+        let blocks = blocks_of.get(&c.id).map_or(&[][..], Vec::as_slice);
         for (i, b) in blocks.iter().enumerate() {
-            if bucket(b.first_step) == bucket(b.last_step) {
+            if !spans(b) {
                 acc.entry(bucket(b.first_step))
                     .or_default()
                     .merge(b, c.attempt);
                 continue;
             }
-            let block = source.block_points(c.id, i)?;
+            let block = fetched(&mut block_points, (c.id, i))?;
             if block.is_empty() {
                 return Err(StorageError::Corrupt(format!(
                     "chunk {} has fewer points than its blocks",
