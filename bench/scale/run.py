@@ -392,7 +392,7 @@ class Bench:
     def upload_server(self, name: str, prefix: str) -> tuple[RelaunchServer, str]:
         db = self.pg.create_database(name)
         blobs = f"s3://{self.s3.BUCKET}/{prefix}"
-        env = {**os.environ, **self.s3.env()}
+        env = {**os.environ, **self.s3.env}
         server = self.server(name, ["--database", db, "--blobs", blobs,
                                     "--s3-endpoint", self.s3.endpoint], env)  # fmt: skip
         run = f"{name}-run"
@@ -403,7 +403,7 @@ class Bench:
         return run_json([str(PY), str(FILES_CLIENT), "relaunch", url, run, str(path), name])
 
     def boto3_upload(self, path: Path, key: str) -> dict:
-        env = {**os.environ, **self.s3.env()}
+        env = {**os.environ, **self.s3.env}
         command = [str(PY), str(BOTO3_CLIENT), str(path), self.s3.BUCKET, key]
         return run_json(command, env=env)
 

@@ -9,19 +9,17 @@ everything that was started, in reverse order, and removes its directories.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from relaunch import _services
+from relaunch._services import free_port_pairs
 
 MIB = 1 << 20
 
@@ -47,26 +45,50 @@ def http_answers(url: str, ok_only: bool = True) -> bool:
         return False
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
+class Postgres(_services.Postgres):
+    """The shared throwaway cluster (relaunch._services) with PostgreSQL's
+    default durability; `stop` ends it (the benchmark's teardown)."""
+
+    def __init__(self) -> None:
+        super().__init__(fsync=True)
+
+    def stop(self) -> None:
+        self.close()
 
 
-def free_port_pairs(n: int) -> list[int]:
-    """`n` free ports below 55000 whose port + 10000 is free too (SeaweedFS
-    listens there for gRPC), as scripts/s3.sh picks them."""
-    import random
+class SeaweedS3(_services.Seaweed):
+    """The shared SeaweedFS (relaunch._services) with the benchmark's bucket,
+    a boto3 client and byte counts under a prefix; `stop` ends it."""
 
-    ports: list[int] = []
-    while len(ports) < n:
-        p = random.randrange(20000, 55000)
-        if p not in ports and p + 10000 not in ports and port_free(p) and port_free(p + 10000):
-            ports.append(p)
-    return ports
+    BUCKET = "relaunch-bench"
+
+    def __init__(self, weed: Path) -> None:
+        super().__init__(self.BUCKET)
+
+    def client(self):
+        import boto3
+
+        env = self.env
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+
+    def prefix_bytes(self, prefix: str) -> tuple[int, int]:
+        """Objects under `prefix` and their bytes."""
+        count = size = 0
+        pages = self.client().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.BUCKET, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                count += 1
+                size += obj["Size"]
+        return count, size
+
+    def stop(self, timeout: float = 30) -> None:
+        self.close()
 
 
 class Child:
@@ -167,165 +189,6 @@ def tree_rss_kib(pid: int) -> int:
     except OSError:
         return total
     return total + sum(tree_rss_kib(int(c)) for c in children)
-
-
-def pg_bindir() -> Path:
-    dirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
-    for d in reversed(dirs):
-        if (d / "initdb").exists():
-            return d
-    found = shutil.which("initdb")
-    if found:
-        return Path(found).parent
-    raise RuntimeError("no PostgreSQL server installed (initdb not found): apt install postgresql")
-
-
-class Postgres:
-    """A throwaway cluster, made as scripts/postgres.sh makes one (initdb in
-    a temporary directory, as the `postgres` user when run as root,
-    password authentication over TCP on a free port of 127.0.0.1), but with
-    PostgreSQL's default durability (`fsync=on`, `synchronous_commit=on`)
-    unless `fsync` is false."""
-
-    def __init__(self, fsync: bool = True) -> None:
-        self.bin = pg_bindir()
-        self.dir = Path(tempfile.mkdtemp(prefix="relaunch-bench-pg-"))
-        os.chmod(self.dir, 0o755)
-        self.run_as = ["runuser", "-u", "postgres", "--"] if os.getuid() == 0 else []
-        self.password = secrets.token_hex(12)
-        self.port = free_port_pairs(1)[0]
-        (self.dir / "pwfile").write_text(self.password + "\n")
-        if self.run_as:
-            shutil.chown(self.dir, "postgres")
-            shutil.chown(self.dir / "pwfile", "postgres")
-        subprocess.run(
-            [*self.run_as, self.bin / "initdb", "-D", self.dir / "data", "-U", "postgres",
-             f"--pwfile={self.dir / 'pwfile'}", "--auth-local=trust",
-             "--auth-host=scram-sha-256", "-E", "UTF8", "--no-locale"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir}"
-        options += " -c max_connections=400"
-        if not fsync:
-            options += " -c fsync=off -c synchronous_commit=off"
-        subprocess.run(
-            [*self.run_as, self.bin / "pg_ctl", "-D", self.dir / "data", "-l",
-             self.dir / "server.log", "-w", "-t", "60", "-o", options, "start"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        self.started = True
-        self.version = subprocess.run(
-            [self.bin / "postgres", "--version"], capture_output=True, text=True
-        ).stdout.split()[2]
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgres://postgres:{self.password}@127.0.0.1:{self.port}/{database}"
-
-    def create_database(self, name: str) -> str:
-        """A fresh database; returns its URL."""
-        import psycopg2
-
-        conn = psycopg2.connect(self.url())
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            cur.execute(f'CREATE DATABASE "{name}"')
-        conn.close()
-        return self.url(name)
-
-    def postmaster_pid(self) -> int:
-        return int((self.dir / "data" / "postmaster.pid").read_text().split()[0])
-
-    def stop(self) -> None:
-        if self.started:
-            subprocess.run(
-                [*self.run_as, self.bin / "pg_ctl", "-D", self.dir / "data", "-m", "fast", "stop"],
-                capture_output=True,
-            )
-            self.started = False
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class SeaweedS3:
-    """`weed server -s3` in a temporary directory, as scripts/s3.sh starts it
-    (free ports, one identity that may do everything), and a bucket."""
-
-    BUCKET = "relaunch-bench"
-
-    def __init__(self, weed: Path) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="relaunch-bench-s3-"))
-        self.key = "bench" + secrets.token_hex(6)
-        self.secret = secrets.token_hex(20)
-        identities = {
-            "identities": [
-                {
-                    "name": "bench",
-                    "credentials": [{"accessKey": self.key, "secretKey": self.secret}],
-                    "actions": ["Admin", "Read", "List", "Write", "Tagging"],
-                }
-            ]
-        }
-        (self.dir / "s3.json").write_text(json.dumps(identities))
-        master, volume, filer, s3 = free_port_pairs(4)
-        (self.dir / "data").mkdir()
-        self.endpoint = f"http://127.0.0.1:{s3}"
-        self.child = Child(
-            "weed",
-            [weed, "server", f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-             "-s3", f"-s3.port={s3}", f"-s3.config={self.dir / 's3.json'}",
-             "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.autoCreateBucket=false",
-             "-master.volumeSizeLimitMB=1024", "-volume.max=0", "-master.telemetry=false"],
-            self.dir / "weed.log",
-        )  # fmt: skip
-        deadline = time.monotonic() + 90
-        wait_until(lambda: http_answers(self.endpoint + "/", ok_only=False), deadline,
-                   "SeaweedFS S3", self.child.proc)  # fmt: skip
-        while True:
-            try:
-                self.client().create_bucket(Bucket=self.BUCKET)
-                break
-            except Exception as e:  # SeaweedFS answers before its filer is ready
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"SeaweedFS: no bucket: {e}\n{self.child.tail()}") from e
-                time.sleep(0.5)
-        self.version = subprocess.run(
-            [weed, "version"], capture_output=True, text=True
-        ).stdout.split()[2:3]
-
-    def env(self) -> dict[str, str]:
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": self.key,
-            "AWS_SECRET_ACCESS_KEY": self.secret,
-            "AWS_REGION": "us-east-1",
-        }
-
-    def client(self):
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.key,
-            aws_secret_access_key=self.secret,
-            region_name="us-east-1",
-        )
-
-    def prefix_bytes(self, prefix: str) -> tuple[int, int]:
-        """Objects under `prefix` and their bytes."""
-        count = size = 0
-        pages = self.client().get_paginator("list_objects_v2")
-        for page in pages.paginate(Bucket=self.BUCKET, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                count += 1
-                size += obj["Size"]
-        return count, size
-
-    def stop(self) -> None:
-        # weed takes ~30 s to shut down on SIGTERM; nothing in it needs keeping.
-        self.child.stop(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class RelaunchServer:

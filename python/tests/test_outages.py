@@ -18,11 +18,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import services
 from conftest import TrackingServer, wait_for
 from test_launch_tracking import get, series
 
 import relaunch
+from relaunch import _services as services
 
 REASON = services.unavailable_reason()
 if REASON is not None:
@@ -61,11 +61,12 @@ def status_of(server: TrackingServer, path: str) -> tuple[int, str]:
 
 
 def test_postgres_and_s3_restarted_under_load_lose_nothing(tmp_path: Path) -> None:
-    pg = services.Postgres()
-    s3 = services.Seaweed(tmp_path / "s3")
+    pg = services.Postgres(fsync=False)
+    s3: services.Seaweed | None = None
     servers: list[TrackingServer] = []
     try:
-        flags = ("--database", pg.url, "--blobs", f"s3://{s3.BUCKET}/outage")
+        s3 = services.Seaweed("relaunch-outage")
+        flags = ("--database", pg.url(), "--blobs", f"s3://{s3.bucket}/outage")
         flags += ("--s3-endpoint", s3.endpoint, "--durability", "process")
         env = {**os.environ, **s3.env}
         for name in ("a", "b"):
@@ -124,5 +125,6 @@ def test_postgres_and_s3_restarted_under_load_lose_nothing(tmp_path: Path) -> No
     finally:
         for server in servers:
             server.close()
-        s3.close()
+        if s3 is not None:
+            s3.close()
         pg.close()
