@@ -21,7 +21,9 @@
 //! a client's retries land on different servers; attempt numbers are given
 //! under the same lock; and a run's console lines and events are committed
 //! in the order of their ids, so a reader's `after` cursor never skips a
-//! line committed late. Rows are locked in one order (the run's row, then
+//! line committed late. The one exception: a batch of metrics only locks
+//! its writer's row instead (the run's row shared), so one run's writers
+//! store metrics in parallel, each writer's batches still one at a time. Rows are locked in one order (the run's row, then
 //! keys and latest values by key and rank), which leaves no deadlock; a
 //! transaction that still fails with a serialization failure or deadlock
 //! is retried.
@@ -403,7 +405,26 @@ fn attempt_order(tx: &mut Tx<'_>, run: &str) -> Result<HashMap<u32, u32>, PgErro
 
 fn ingest(tx: &mut Tx<'_>, run: &str, batch: &Batch, now: f64) -> Result<Ack, PgError> {
     ingest::check(batch)?;
-    lock_run(tx, run)?;
+    let ordered = batch
+        .records
+        .iter()
+        .any(|(_, r)| !matches!(r, Record::Metrics { .. }));
+    if ordered {
+        // Console lines and events get ids in commit order: one writer of
+        // the run at a time.
+        lock_run(tx, run)?;
+    } else {
+        // Metrics only: writers of one run store in parallel (on every
+        // server), each writer's batches one at a time.
+        lock_writer(tx, run, &batch.writer)?;
+    }
+    // At most once a second per run, so parallel writers do not queue on
+    // the run's row for it (a row that no longer matches is not locked);
+    // before any other row is locked, so no lock is taken out of order.
+    tx.execute(
+        "UPDATE runs SET updated_at = $2 WHERE id = $1 AND updated_at < $2::DOUBLE PRECISION - 1",
+        &[&run, &now],
+    )?;
     let mark = watermark(tx, run, &batch.writer)?;
     let new = match ingest::plan(batch, mark)? {
         Plan::Stored(ack) => return Ok(ack),
@@ -483,22 +504,48 @@ fn ingest(tx: &mut Tx<'_>, run: &str, batch: &Batch, now: f64) -> Result<Ack, Pg
          ON CONFLICT (run_id, writer) DO UPDATE SET watermark = EXCLUDED.watermark",
         &[&run, &batch.writer, &last],
     )?;
-    tx.execute(
-        "UPDATE runs SET updated_at = $2 WHERE id = $1",
-        &[&run, &now],
-    )?;
     Ok(ingest::ack(batch, new.last))
 }
 
-/// The key's id, added if new (the run's row lock is held: no other
-/// transaction adds keys to this run meanwhile).
+/// Locks writer `writer` of run `run` (its row made if new) for this
+/// transaction: its watermark is read and moved by one batch at a time.
+/// The run's row is only shared-locked, so it cannot go away meanwhile.
+fn lock_writer(tx: &mut Tx<'_>, run: &str, writer: &str) -> Result<(), PgError> {
+    if tx
+        .query_opt("SELECT 1 FROM runs WHERE id = $1 FOR KEY SHARE", &[&run])?
+        .is_none()
+    {
+        return Err(runs::no_run(run).into());
+    }
+    tx.execute(
+        "INSERT INTO writers(run_id, writer, watermark) VALUES ($1, $2, 0) \
+         ON CONFLICT (run_id, writer) DO NOTHING",
+        &[&run, &writer],
+    )?;
+    tx.execute(
+        "SELECT 1 FROM writers WHERE run_id = $1 AND writer = $2 FOR UPDATE",
+        &[&run, &writer],
+    )?;
+    Ok(())
+}
+
+/// The key's id, added if new. Another writer may add the same key at the
+/// same moment: the insert then waits for it and adds nothing, and the
+/// statement's snapshot (taken before) does not show its row, so the key
+/// is read again in a statement of its own.
 fn key_id(tx: &mut Tx<'_>, run: &str, name: &str) -> Result<i64, PgError> {
+    if let Some(row) = tx.query_opt(
+        "WITH added AS (INSERT INTO keys(run_id, name) VALUES ($1, $2) \
+                        ON CONFLICT (run_id, name) DO NOTHING RETURNING id) \
+         SELECT id FROM added UNION ALL \
+         SELECT id FROM keys WHERE run_id = $1 AND name = $2 LIMIT 1",
+        &[&run, &name],
+    )? {
+        return Ok(row.get(0));
+    }
     Ok(tx
         .query_one(
-            "WITH added AS (INSERT INTO keys(run_id, name) VALUES ($1, $2) \
-                            ON CONFLICT (run_id, name) DO NOTHING RETURNING id) \
-             SELECT id FROM added UNION ALL \
-             SELECT id FROM keys WHERE run_id = $1 AND name = $2 LIMIT 1",
+            "SELECT id FROM keys WHERE run_id = $1 AND name = $2",
             &[&run, &name],
         )?
         .get(0))
