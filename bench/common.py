@@ -106,3 +106,42 @@ def compare(
         samples={"relaunch": ours, peer: theirs},
         **extra,
     )
+
+
+def race(procs: list, what: str) -> dict:
+    """Starts writer processes together and times them: each prints
+    `ready`, waits for `go` on stdin, works, and prints one JSON line with
+    `points`, `logged` and `done` (time.monotonic() when its last call
+    returned and when all it sent was acknowledged). Kills what is left on
+    the way out. Returns points, seconds (go to the last `done`),
+    points_per_s and logged_s (go to the last `logged`)."""
+    import time
+
+    try:
+        for p in procs:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"{what}: a writer did not start")
+        go = time.monotonic()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            line = p.stdout.readline()
+            if p.wait(3600) != 0 or not line:
+                raise RuntimeError(f"{what}: a writer failed")
+            results.append(json.loads(line))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    points = sum(r["points"] for r in results)
+    seconds = max(r["done"] for r in results) - go
+    return {
+        "points": points,
+        "seconds": seconds,
+        "points_per_s": points / seconds,
+        # Until every writer's last log() call returned (relaunch: before its flush).
+        "logged_s": max(r["logged"] for r in results) - go,
+    }

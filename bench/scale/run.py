@@ -69,7 +69,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(HERE))
 
-from common import run_json, write_result  # noqa: E402
+from common import race, run_json, write_result  # noqa: E402
 from services import (  # noqa: E402
     MIB,
     MlflowServer,
@@ -261,33 +261,7 @@ class Bench:
                     text=True,
                 )
             )
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"writer {side}: a writer did not start")
-            go = time.monotonic()
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            results = []
-            for p in procs:
-                line = p.stdout.readline()
-                if p.wait(3600) != 0 or not line:
-                    raise RuntimeError(f"writer {side}: a writer failed")
-                results.append(json.loads(line))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        points = sum(r["points"] for r in results)
-        seconds = max(r["done"] for r in results) - go
-        return {
-            "points": points,
-            "seconds": seconds,
-            "points_per_s": points / seconds,
-            "logged_s": max(r["logged"] for r in results) - go,
-        }
+        return race(procs, f"writer {side}")
 
     def ingest_relaunch(self, side: str, i: int) -> dict:
         a = self.a

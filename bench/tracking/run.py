@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import free_port, write_result  # noqa: E402
+from common import free_port, race, write_result  # noqa: E402
 from common import run_json as common_run_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -264,34 +264,7 @@ class Bench:
             )  # fmt: skip
             pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
             procs.append(subprocess.Popen(command, env=env_for(command), **pipes))
-        try:
-            for p in procs:
-                if p.stdout.readline().strip() != "ready":
-                    raise RuntimeError(f"{sub} {side}: a writer did not start")
-            go = time.monotonic()
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            results = []
-            for p in procs:
-                line = p.stdout.readline()
-                if p.wait(3600) != 0 or not line:
-                    raise RuntimeError(f"{sub} {side}: a writer failed")
-                results.append(json.loads(line))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        points = sum(r["points"] for r in results)
-        seconds = max(r["done"] for r in results) - go
-        return {
-            "points": points,
-            "seconds": seconds,
-            "points_per_s": points / seconds,
-            # Until every writer's last log() call returned (relaunch: before its flush).
-            "logged_s": max(r["logged"] for r in results) - go,
-        }
+        return race(procs, f"{sub} {side}")
 
     def ingest(self, ours_url: str, mlflow_url: str) -> None:
         a = self.a
