@@ -193,27 +193,38 @@ fn backend(e: rusqlite::Error) -> StorageError {
     StorageError::Backend(e.to_string())
 }
 
+/// The writing connection to `dir/relaunch.db` (both made if missing), in
+/// WAL mode with `durability`'s sync level, its schema in place; and the
+/// database's path.
+pub(crate) fn open_writer(
+    dir: &Path,
+    durability: Durability,
+) -> Result<(PathBuf, Connection), StorageError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        StorageError::Backend(format!(
+            "cannot create the data directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let path = dir.join("relaunch.db");
+    let conn = Connection::open(&path)
+        .map_err(|e| StorageError::Backend(format!("cannot open {}: {e}", path.display())))?;
+    let synchronous = match durability {
+        Durability::Fsync => "FULL",
+        Durability::Process => "NORMAL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
+    ))
+    .map_err(backend)?;
+    conn.execute_batch(SCHEMA).map_err(backend)?;
+    Ok((path, conn))
+}
+
 impl SqliteStorage {
     /// Opens (creating) `dir/relaunch.db`.
     pub fn open(dir: &Path, durability: Durability) -> Result<Self, StorageError> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            StorageError::Backend(format!(
-                "cannot create the data directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let path = dir.join("relaunch.db");
-        let conn = Connection::open(&path)
-            .map_err(|e| StorageError::Backend(format!("cannot open {}: {e}", path.display())))?;
-        let synchronous = match durability {
-            Durability::Fsync => "FULL",
-            Durability::Process => "NORMAL",
-        };
-        conn.execute_batch(&format!(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
-        ))
-        .map_err(backend)?;
-        conn.execute_batch(SCHEMA).map_err(backend)?;
+        let (path, conn) = open_writer(dir, durability)?;
         let (tx, rx) = mpsc::channel::<Job>();
         let writer = std::thread::Builder::new()
             .name("relaunch-db-writer".into())

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use super::{Durability, SCHEMA, SqliteStorage, backend};
+use super::{Durability, backend};
 use crate::storage::StorageError;
 use crate::storage::transfer::{
     AttemptRow, ChunkRow, EventRow, FileRow, LatestRow, LogRow, RunCounts, RunHead, RunRow,
@@ -81,19 +81,7 @@ impl SqliteTransfer {
     /// Opens (creating) `dir/relaunch.db` to write runs into, with the
     /// schema the server creates.
     pub fn open_target(dir: &Path, durability: Durability) -> Result<Self, StorageError> {
-        SqliteStorage::open(dir, durability)?.close();
-        let path = dir.join("relaunch.db");
-        let conn = Connection::open(&path)
-            .map_err(|e| StorageError::Backend(format!("cannot open {}: {e}", path.display())))?;
-        let synchronous = match durability {
-            Durability::Fsync => "FULL",
-            Durability::Process => "NORMAL",
-        };
-        conn.execute_batch(&format!(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
-        ))
-        .map_err(backend)?;
-        conn.execute_batch(SCHEMA).map_err(backend)?;
+        let (_, conn) = super::open_writer(dir, durability)?;
         Ok(Self {
             conn,
             place: format!("data directory {}", dir.display()),
