@@ -124,6 +124,12 @@ impl Server {
         .await
     }
 
+    /// The whole response to a GET of `uri`, its body unread.
+    async fn response(&self, uri: &str) -> axum::response::Response {
+        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        router(self.state.clone()).oneshot(request).await.unwrap()
+    }
+
     /// Opens run `id` (attempt token "t").
     async fn open_run(&self, id: &str) {
         let (status, body) = self
@@ -821,15 +827,7 @@ async fn a_manifest_must_match_its_chunks_bytes() {
             )
             .await;
         assert_eq!(status, StatusCode::CREATED);
-        let response = router(server.state.clone())
-            .oneshot(
-                Request::builder()
-                    .uri("/api/v1/runs/r/files/lie")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let response = server.response("/api/v1/runs/r/files/lie").await;
         assert_eq!(response.status(), StatusCode::OK);
         assert!(
             axum::body::to_bytes(response.into_body(), usize::MAX)
@@ -998,10 +996,7 @@ async fn a_damaged_chunk_is_an_error_never_wrong_bytes() {
 async fn the_dashboard_is_served_outside_the_token_guard() {
     for server in Server::each(Some("s3cret"), 1 << 20) {
         for page in ["/", "/runs/abc", "/runs/a.b-c", "/compare"] {
-            let response = router(server.state.clone())
-                .oneshot(Request::builder().uri(page).body(Body::empty()).unwrap())
-                .await
-                .unwrap();
+            let response = server.response(page).await;
             assert_eq!(response.status(), StatusCode::OK, "{page}");
             assert_eq!(
                 response.headers()[header::CONTENT_TYPE],
@@ -1012,15 +1007,7 @@ async fn the_dashboard_is_served_outside_the_token_guard() {
                 .unwrap();
             assert!(String::from_utf8_lossy(&body).contains("/assets/app.js"));
         }
-        let response = router(server.state.clone())
-            .oneshot(
-                Request::builder()
-                    .uri("/assets/vendor/uplot/uPlot.esm.js")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let response = server.response("/assets/vendor/uplot/uPlot.esm.js").await;
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
