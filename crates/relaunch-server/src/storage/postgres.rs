@@ -1153,21 +1153,10 @@ impl ChunkSource for PgChunks<'_, '_> {
         chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
     }
 
-    fn block_points(&mut self, id: i64, index: usize) -> Result<Vec<Point>, StorageError> {
-        // `points` is stored uncompressed out of line: substring() reads
-        // only the TOAST pages that hold the block.
-        let size = BLOCK * chunk::POINT_BYTES;
-        let start = i64::try_from(index * size + 1).unwrap_or(i64::MAX);
-        let len = i64::try_from(size).unwrap_or(i64::MAX);
-        let bytes = self.bytes(
-            "SELECT substring(points FROM $2::BIGINT::INT FOR $3::BIGINT::INT) FROM chunks WHERE id = $1",
-            &[&id, &start, &len],
-        )?;
-        chunk::decode_points(&bytes).map_err(StorageError::Corrupt)
-    }
-
     // One query per read of many chunks: a round trip each was most of a
-    // 1,000-bucket read's time (bench/scale).
+    // 1,000-bucket read's time (bench/scale). `points` is stored
+    // uncompressed out of line: substring() reads only the TOAST pages that
+    // hold a block.
     fn points_many(&mut self, ids: &[i64]) -> Result<HashMap<i64, Vec<Point>>, StorageError> {
         self.rows("SELECT id, points FROM chunks WHERE id = ANY($1)", &[&ids])?
             .iter()
