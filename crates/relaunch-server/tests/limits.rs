@@ -210,6 +210,19 @@ async fn a_stop_lets_an_upload_in_flight_finish() {
     let server = Server::start(ConnLimits::default()).await;
     let chunk: Vec<u8> = (0..64 * 1024).map(|i| (i % 241) as u8).collect();
     let mut stream = server.connect().await;
+    // One answered request first: the server has accepted this connection
+    // (one still in the listen backlog when the stop comes is reset).
+    stream
+        .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answered = Vec::new();
+    while !answered.ends_with(b"}") {
+        let mut buf = [0u8; 1024];
+        let n = timeout(HUNG, stream.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "closed before answering the health check");
+        answered.extend_from_slice(&buf[..n]);
+    }
     let hash = blake3::hash(&chunk).to_hex();
     stream
         .write_all(
