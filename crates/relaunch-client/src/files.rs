@@ -20,7 +20,7 @@ use crate::error::{ClientError, ErrorKind};
 use crate::http::Client;
 
 /// Chunks in flight at once during an upload.
-pub const PARALLEL: usize = 4;
+pub const PARALLEL: usize = 8;
 /// Tries of one chunk before an upload gives up (the next upload resumes).
 const TRIES: u32 = 5;
 /// Chunks cut and hashed ahead of the senders (bounds the memory an upload

@@ -147,7 +147,7 @@ pub(crate) async fn put_chunk(
              the way; send it again"
         )));
     }
-    on_blobs(&state.files, move |b| b.put(&hash, &data)).await?;
+    on_blobs(&state.files, move |b| b.put_new(&hash, data)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -116,6 +116,30 @@ fn a_damaged_chunk_reads_as_an_error() {
 }
 
 #[test]
+fn a_chunk_deleted_behind_the_stores_back_is_asked_for_again_once_a_read_misses_it() {
+    // The repair the corruption message prescribes: delete the object,
+    // upload the file again. The S3 store remembers what it stored, so it
+    // must forget a chunk that a read found gone, or the new upload would
+    // skip it and commit a file naming a chunk the bucket lacks.
+    for place in backends::blob_places("blobs-deleted") {
+        let name = place.name();
+        let blobs = place.open();
+        let data = vec![9u8; 5000];
+        let hash = hex(&data);
+        blobs.put(&hash, &data).unwrap();
+        blobs.persist(std::slice::from_ref(&hash)).unwrap();
+        place.delete(&hash);
+        let err = blobs.get(&hash).unwrap_err();
+        assert!(matches!(err, StorageError::Corrupt(_)), "{name}: {err}");
+        let one = std::slice::from_ref(&hash);
+        assert_eq!(blobs.missing(one).unwrap(), one, "{name}");
+        blobs.put(&hash, &data).unwrap();
+        blobs.persist(std::slice::from_ref(&hash)).unwrap();
+        assert_eq!(blobs.get(&hash).unwrap(), data, "{name}");
+    }
+}
+
+#[test]
 fn a_chunk_in_the_bucket_is_never_sent_again() {
     let Some(base) = s3_or_skip("a_chunk_in_the_bucket_is_never_sent_again") else {
         return;

@@ -23,6 +23,14 @@ pub trait BlobStore: Send + Sync + 'static {
     /// but it may not survive power loss until [`persist`](Self::persist).
     fn put(&self, hash: &str, data: &[u8]) -> Result<(), StorageError>;
 
+    /// [`put`](Self::put) of a chunk that [`missing`](Self::missing) just
+    /// reported absent (an upload sends only those), with the bytes given
+    /// over: a remote store writes it without asking again whether it is
+    /// there, and without copying it.
+    fn put_new(&self, hash: &str, data: bytes::Bytes) -> Result<(), StorageError> {
+        self.put(hash, &data)
+    }
+
     /// The stored length of chunk `hash`, `None` if it is not stored. A
     /// commit checks each chunk's declared size against it, so a manifest
     /// never makes a file whose bytes differ from its size.

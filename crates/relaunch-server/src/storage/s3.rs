@@ -17,11 +17,29 @@
 //!
 //! What each step means here: a PUT is durable once S3 acknowledges it, so
 //! a stored chunk is already what `persist` makes of a local one, and
-//! `persist` has nothing to do. A commit still asks S3 (HEAD) for every
-//! chunk's stored size, never trusting what a client declares, so a
+//! `persist` has nothing to do. A commit checks every chunk's stored size
+//! against what S3 itself said, never against what a client declares, so a
 //! committed file never names a chunk that is not in the bucket.
+//!
+//! Over HTTPS a PUT's body is not hashed into its signature
+//! (`UNSIGNED-PAYLOAD`, as the AWS CLI does there): TLS already protects
+//! it, and SHA-256 of every byte was the server's largest cost. Over plain
+//! HTTP (a local SeaweedFS or MinIO) it is signed, so the service refuses
+//! bytes changed on the way. `AWS_UNSIGNED_PAYLOAD` overrides either.
+//!
+//! What S3 said is remembered: each chunk this process stored (its PUT
+//! acknowledged) or found (a HEAD) is kept with its size in [`Known`], and
+//! asked about again only once forgotten. relaunch never deletes a chunk,
+//! so what was in the bucket stays there. An upload then costs one HEAD
+//! (the client's question, which chunks are missing) and one PUT per new
+//! chunk, where asking again before the PUT and at the commit cost two
+//! HEADs more. Someone who
+//! deletes chunk objects behind the servers' backs must restart them (a
+//! read that finds one gone or damaged forgets it at once).
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -37,6 +55,40 @@ use super::blobs::BlobStore;
 /// (`missing`, a commit's sizes): enough to hide the round trips, few
 /// enough not to be throttled.
 pub const HEADS_IN_FLIGHT: usize = 32;
+
+/// Chunks [`Known`] holds before it forgets them all and starts again
+/// (about 20 MiB of memory; a quarter of a million chunks of 1 MiB).
+const KNOWN_MOST: usize = 250_000;
+
+/// The chunks S3 has said are in the bucket, with their sizes: those this
+/// process stored, and those a HEAD found. See the module docs.
+#[derive(Default)]
+struct Known(Mutex<HashMap<blake3::Hash, u64>>);
+
+impl Known {
+    fn get(&self, hash: &str) -> Option<u64> {
+        let hash = blake3::Hash::from_hex(hash).ok()?;
+        self.0.lock().ok()?.get(&hash).copied()
+    }
+
+    fn insert(&self, hash: &str, size: u64) {
+        let (Ok(hash), Ok(mut known)) = (blake3::Hash::from_hex(hash), self.0.lock()) else {
+            return;
+        };
+        if known.len() >= KNOWN_MOST {
+            known.clear();
+        }
+        known.insert(hash, size);
+    }
+
+    /// After a read found the object gone or damaged: asked about again,
+    /// so that deleting it and uploading the file again repairs it.
+    fn forget(&self, hash: &str) {
+        if let (Ok(hash), Ok(mut known)) = (blake3::Hash::from_hex(hash), self.0.lock()) {
+            known.remove(&hash);
+        }
+    }
+}
 
 /// Retries of a request that failed for a reason that may pass (a dropped
 /// connection, a 5xx, `SlowDown`): up to 6, backing off from 100 ms to
@@ -73,6 +125,7 @@ pub struct S3Blobs {
     runtime: Option<tokio::runtime::Runtime>,
     /// Chunk objects written since open (`put` that found none).
     written: AtomicU64,
+    known: Known,
 }
 
 impl std::fmt::Debug for S3Blobs {
@@ -99,10 +152,12 @@ impl S3Blobs {
     ) -> Result<Self, StorageError> {
         let (bucket, prefix) = parse_url(url).map_err(StorageError::Invalid)?;
         let mut builder = AmazonS3Builder::new();
+        let mut unsigned_given = false;
         for (key, value) in vars {
             if key.starts_with("AWS_")
                 && let Ok(key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>()
             {
+                unsigned_given |= key == AmazonS3ConfigKey::UnsignedPayload;
                 builder = builder.with_config(key, value);
             }
         }
@@ -121,6 +176,12 @@ impl S3Blobs {
             builder = builder
                 .with_endpoint(endpoint)
                 .with_allow_http(endpoint.starts_with("http://"));
+        }
+        if !unsigned_given {
+            let tls = endpoint
+                .as_deref()
+                .is_none_or(|e| e.starts_with("https://"));
+            builder = builder.with_unsigned_payload(tls);
         }
         let at = endpoint.as_deref().unwrap_or("AWS");
         let build = |retries: RetryConfig| {
@@ -166,6 +227,7 @@ impl S3Blobs {
             url,
             runtime: Some(runtime),
             written: AtomicU64::new(0),
+            known: Known::default(),
         })
     }
 
@@ -204,19 +266,45 @@ impl S3Blobs {
         }
     }
 
-    /// [`head`](Self::head) of each of `hashes`, [`HEADS_IN_FLIGHT`] at a
-    /// time, in order.
+    /// The stored size of each of `hashes`, in order: from [`Known`], and
+    /// for the others a HEAD, [`HEADS_IN_FLIGHT`] at a time.
     fn heads(&self, hashes: &[String]) -> Result<Vec<Option<u64>>, StorageError> {
-        let paths = hashes
+        let mut sizes: Vec<Option<u64>> = hashes.iter().map(|h| self.known.get(h)).collect();
+        let ask = hashes
             .iter()
-            .map(|h| self.path(h))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.block_on(async {
-            futures_util::stream::iter(paths.iter().map(|p| self.head(p)))
+            .zip(&sizes)
+            .enumerate()
+            .filter(|(_, (_, size))| size.is_none())
+            .map(|(i, (h, _))| Ok((i, self.path(h)?)))
+            .collect::<Result<Vec<_>, StorageError>>()?;
+        let found: Vec<Option<u64>> = self.block_on(async {
+            futures_util::stream::iter(ask.iter().map(|(_, p)| self.head(p)))
                 .buffered(HEADS_IN_FLIGHT)
                 .try_collect()
                 .await
-        })
+        })?;
+        for ((i, _), size) in ask.iter().zip(found) {
+            if let Some(size) = size {
+                self.known.insert(&hashes[*i], size);
+            }
+            sizes[*i] = size;
+        }
+        Ok(sizes)
+    }
+
+    /// One PUT of chunk `hash`, remembered once S3 acknowledged it.
+    fn write(&self, hash: &str, data: bytes::Bytes) -> Result<(), StorageError> {
+        let path = self.path(hash)?;
+        let size = data.len() as u64;
+        self.block_on(async {
+            self.store
+                .put(&path, PutPayload::from(data))
+                .await
+                .map_err(|e| failure(&self.url, "store", &path, e))
+        })?;
+        self.written.fetch_add(1, Ordering::Relaxed);
+        self.known.insert(hash, size);
+        Ok(())
     }
 }
 
@@ -232,27 +320,34 @@ impl BlobStore for S3Blobs {
     }
 
     fn put(&self, hash: &str, data: &[u8]) -> Result<(), StorageError> {
-        let path = self.path(hash)?;
-        self.block_on(async {
-            // Content-addressed: an object of the same length is this chunk
-            // (the read checks it); one of another length was damaged and
-            // is replaced.
-            if self.head(&path).await? == Some(data.len() as u64) {
-                return Ok(());
-            }
-            let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
-            self.store
-                .put(&path, payload)
-                .await
-                .map_err(|e| failure(&self.url, "store", &path, e))?;
-            self.written.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })
+        // Content-addressed: an object of the same length is this chunk
+        // (the read checks it); one of another length was damaged and is
+        // replaced.
+        let size = Some(data.len() as u64);
+        if self.known.get(hash) == size || self.size(hash)? == size {
+            return Ok(());
+        }
+        self.write(hash, bytes::Bytes::copy_from_slice(data))
     }
 
+    /// Without a HEAD first: the chunk was just reported missing to the
+    /// client that sends it (at worst it is written twice, when two
+    /// uploads race: the same bytes).
+    fn put_new(&self, hash: &str, data: bytes::Bytes) -> Result<(), StorageError> {
+        if self.known.get(hash) == Some(data.len() as u64) {
+            return Ok(());
+        }
+        self.write(hash, data)
+    }
+
+    /// Always a HEAD: what S3 holds now (the store's checks use it).
     fn size(&self, hash: &str) -> Result<Option<u64>, StorageError> {
         let path = self.path(hash)?;
-        self.block_on(self.head(&path))
+        let size = self.block_on(self.head(&path))?;
+        if let Some(size) = size {
+            self.known.insert(hash, size);
+        }
+        Ok(size)
     }
 
     fn sizes(&self, hashes: &[String]) -> Result<Vec<Option<u64>>, StorageError> {
@@ -266,7 +361,7 @@ impl BlobStore for S3Blobs {
 
     fn get(&self, hash: &str) -> Result<Vec<u8>, StorageError> {
         let path = self.path(hash)?;
-        let data = self.block_on(async {
+        let read = self.block_on(async {
             let fetched = match self.store.get(&path).await {
                 Ok(fetched) => fetched,
                 Err(object_store::Error::NotFound { .. }) => {
@@ -281,9 +376,15 @@ impl BlobStore for S3Blobs {
                 .bytes()
                 .await
                 .map_err(|e| failure(&self.url, "read", &path, e))
+        });
+        let data = read.inspect_err(|e| {
+            if matches!(e, StorageError::Corrupt(_)) {
+                self.known.forget(hash);
+            }
         })?;
         let actual = blake3::hash(&data).to_hex();
         if actual.as_str() != hash {
+            self.known.forget(hash);
             return Err(StorageError::Corrupt(format!(
                 "object {path} in {} holds {} bytes whose BLAKE3 is {actual}: it was damaged or \
                  overwritten in the bucket; delete it and upload the file again to repair it",

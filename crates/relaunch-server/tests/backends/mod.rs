@@ -242,8 +242,27 @@ impl BlobPlace {
                     }
                 }
             }
-            Self::S3(url) => s3_put(&format!("{url}/chunks/{}/{hash}", &hash[..2]), data),
+            Self::S3(url) => s3_put(&Self::object(url, hash), Some(data)),
         }
+    }
+
+    /// Deletes chunk `hash` behind the store's back.
+    pub fn delete(&self, hash: &str) {
+        match self {
+            Self::Dir(dir) => {
+                for path in [
+                    dir.join("chunks").join(&hash[..2]).join(hash),
+                    dir.join("chunks/staged").join(&hash[..2]).join(hash),
+                ] {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            Self::S3(url) => s3_put(&Self::object(url, hash), None),
+        }
+    }
+
+    fn object(url: &str, hash: &str) -> String {
+        format!("{url}/chunks/{}/{hash}", &hash[..2])
     }
 }
 
@@ -284,8 +303,8 @@ fn s3_skipped_once() {
 }
 
 /// Writes `data` at `s3://BUCKET/KEY` straight through the S3 API, with
-/// the test's AWS_* variables.
-pub fn s3_put(url: &str, data: &[u8]) {
+/// the test's AWS_* variables; `None` deletes the object.
+pub fn s3_put(url: &str, data: Option<&[u8]>) {
     use object_store::ObjectStoreExt as _;
     let rest = url.strip_prefix("s3://").unwrap();
     let (bucket, key) = rest.split_once('/').unwrap();
@@ -295,14 +314,19 @@ pub fn s3_put(url: &str, data: &[u8]) {
         .with_allow_http(endpoint.starts_with("http://"))
         .build()
         .unwrap();
-    let (key, data) = (object_store::path::Path::from(key), data.to_vec());
+    let (key, data) = (
+        object_store::path::Path::from(key),
+        data.map(<[u8]>::to_vec),
+    );
     // On a runtime of its own: the HTTP tests call this from async code.
     on_own_thread(move || {
-        tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .unwrap()
-            .block_on(store.put(&key, data.into()))
             .unwrap();
+        match data {
+            Some(data) => drop(runtime.block_on(store.put(&key, data.into())).unwrap()),
+            None => runtime.block_on(store.delete(&key)).unwrap(),
+        }
     });
 }
