@@ -5,7 +5,8 @@ The Python API is a thin layer over a Rust core (``relaunch._native``).
 
 from typing import TYPE_CHECKING
 
-from relaunch._native import __version__
+from relaunch import _stacks
+from relaunch._native import __version__, heartbeat
 from relaunch.errors import (
     CheckpointError,
     QueueEmptyError,
@@ -22,6 +23,10 @@ from relaunch.errors import (
 )
 from relaunch.store import Store
 from relaunch.tracking import Run, init
+
+# Under `relaunch run`: the launcher can ask this rank for its stacks on a
+# hang (a no-op elsewhere).
+_stacks.install()
 
 if TYPE_CHECKING:
     from relaunch.checkpoint import Checkpoint, Checkpointer
@@ -72,6 +77,7 @@ __all__ = [
     "TrackingTimeoutError",
     "__version__",
     "download",
+    "heartbeat",
     "init",
     "upload_file",
 ]

@@ -89,3 +89,10 @@ def upload_file(
 def download_file(
     server: str, token: str | None, run: str, name: str, dest: str
 ) -> dict[str, Any]: ...
+def heartbeat(step: int | None = None) -> None:
+    """A progress beat for ``relaunch run``'s hang detection, at ``step`` if
+    given: a few stores into a page shared with the launcher, no system
+    call (``run.log``, ``preemption.reached`` and checkpoint saves beat
+    too). Does nothing outside ``relaunch run``."""
+
+def claim_stack_signal(pid: int, signal: int) -> bool: ...

@@ -336,11 +336,13 @@ class _Save:
         if self._entered:
             raise RuntimeError("a save() context can be entered only once; call save() again")
         self._entered = True
+        _native.heartbeat(self.step)
         self._owner._begin(self)
         return self.path
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         self._owner._end(self, exc)
+        _native.heartbeat(self.step)
 
 
 class Checkpointer:

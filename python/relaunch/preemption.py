@@ -315,6 +315,7 @@ def reached(step: int) -> bool:
     """
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"step must be an int, not {type(step).__name__}")
+    _native.heartbeat(step)
     now = time.monotonic()
     last, avg = _state["last_call"], _state["step_time"]
     if last is not None:

@@ -98,12 +98,14 @@ def test_worker_environment_equals_torchruns(launcher, tmp_path):
             "RELAUNCH_ATTEMPT",
             "RELAUNCH_STORE",
             "RELAUNCH_LOG_DIR",
+            "RELAUNCH_BEAT_FILE",
         }
         for key in set(theirs) - varying:
             assert ours[key] == theirs[key], f"rank {rank} {key}: {ours[key]!r} vs {theirs[key]!r}"
         assert ours["RELAUNCH_RUN_ID"] == ours["TORCHELASTIC_RUN_ID"]
         assert ours["RELAUNCH_STORE"] == f"localhost:{ours['MASTER_PORT']}"
         assert ours["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
+        assert ours["RELAUNCH_BEAT_FILE"] == os.path.join(ours["RELAUNCH_LOG_DIR"], "beat")
 
 
 def test_two_jobs_on_one_machine_get_different_ports(launcher, tmp_path):
@@ -397,6 +399,9 @@ def test_progress_bars_on_a_terminal_stay_readable(tmp_path):
         (["--signals-to-handle", "SIGBOGUS", "t.py"], "is not a signal name"),
         (["--log-dir", "/dev/null", "t.py"], "is not a directory"),
         (["--numa-binding", "node", "t.py"], "unexpected argument '--numa-binding'"),
+        (["--hang-timeout=-5", "t.py"], "--hang-timeout -5 is not a number of seconds >= 0"),
+        (["--hang-timeout", "soon", "t.py"], "invalid value 'soon' for '--hang-timeout"),
+        (["--startup-timeout", "inf", "t.py"], "--startup-timeout inf is not a number of seconds"),
         ([], "TRAINING_SCRIPT"),
     ],
 )

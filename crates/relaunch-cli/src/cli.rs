@@ -480,6 +480,22 @@ pub struct RunArgs {
     )]
     pub shutdown_timeout: Option<f64>,
 
+    /// Seconds without a progress beat (run.log, relaunch.heartbeat, preemption.reached, a checkpoint save) from a rank that has beaten before the job counts as hung: every rank's stacks are reported and the workers restarted; 0 turns it off [default: 600].
+    #[arg(
+        long = "hang-timeout",
+        env = "RELAUNCH_HANG_TIMEOUT",
+        value_name = "SECONDS"
+    )]
+    pub hang_timeout: Option<f64>,
+
+    /// Seconds a rank has, from its start, for its first progress beat before the job counts as hung [default: no limit].
+    #[arg(
+        long = "startup-timeout",
+        env = "RELAUNCH_STARTUP_TIMEOUT",
+        value_name = "SECONDS"
+    )]
+    pub startup_timeout: Option<f64>,
+
     /// Signals to pass on to every worker (SIGUSR1/SIGUSR2 are passed on without stopping the job).
     #[arg(long = "signals-to-handle", visible_alias = "signals_to_handle", env = "PET_SIGNALS_TO_HANDLE", default_value = DEFAULT_SIGNALS, value_name = "SIGNALS")]
     pub signals_to_handle: String,

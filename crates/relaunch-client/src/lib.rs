@@ -4,6 +4,7 @@
 //! the handle a training process (through Python) or the launcher logs
 //! through; [`sync`] ships spools that nobody else will.
 
+pub mod beat;
 pub mod checkpoints;
 pub mod env;
 pub mod error;

@@ -346,6 +346,7 @@ impl Run {
         body[COUNT_AT..COUNT_AT + 2].copy_from_slice(&count.to_le_bytes());
         self.spool.lock().append(body).map_err(ClientError::from)?;
         *next_step = (*next_step).max(step.saturating_add(1));
+        crate::beat::beat(Some(step));
         Ok(step)
     }
 

@@ -12,6 +12,7 @@ use crate::coordinate::{Coordinator, Remote, RemoteEvent};
 use crate::env::AttemptEnv;
 use crate::error::LaunchError;
 use crate::group::{Exit, WorkerGroup};
+use crate::hang::{self, HangReport, HangWatch};
 use crate::job_store::JobStore;
 use crate::keys;
 use crate::logs::LogLayout;
@@ -35,10 +36,11 @@ const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
 /// How one attempt ended.
 enum AttemptEnd {
     Succeeded,
-    /// A worker failed here, or the other nodes ended the attempt.
+    /// A worker failed or hung here, or the other nodes ended the attempt.
     Failed {
         failures: Vec<Failure>,
         remote: Option<RemoteEvent>,
+        hang: Option<HangReport>,
     },
     /// A signal told the job to stop; `failures` are the workers that did
     /// not then exit with code 0.
@@ -262,7 +264,12 @@ async fn run_attempts(
         )?;
         let end = {
             let remote = coordinator.remote(config, store, &attempt, number).await?;
-            supervise(config, store, &mut group, signals, remote, out).await
+            let here = Here {
+                node_rank: place.node_rank,
+                hostname,
+                attempt: number,
+            };
+            supervise(config, store, &mut group, signals, remote, out, here).await
         };
         // What is left of the workers' process groups (their DataLoader
         // workers, their shells' jobs) ends with them; processes in other
@@ -309,10 +316,14 @@ async fn run_attempts(
                 coordinator.finish(config, store, &attempt, this).await;
                 return Ok(Outcome::Stopped { signal, clean });
             }
-            AttemptEnd::Failed { failures, remote } => (failures, remote),
+            AttemptEnd::Failed {
+                failures,
+                remote,
+                hang,
+            } => (failures, remote.ok_or(hang)),
         };
         let why = match remote {
-            Some(event) => {
+            Ok(event) => {
                 out.notice(format!("relaunch: {}", event.what));
                 if !event.failure {
                     // Members changed: restart at once, not counted.
@@ -328,7 +339,22 @@ async fn run_attempts(
                 }
                 event.what
             }
-            None => {
+            Err(Some(hang)) => {
+                let text = hang.render(this);
+                out.notice(text.clone());
+                if let Some(tracker) = tracker.as_mut() {
+                    tracker.hang(&text, hang.to_json(this));
+                }
+                let what = format!(
+                    "node {} ({hostname}) found the job hung in attempt {this}",
+                    place.node_rank
+                );
+                coordinator
+                    .report_failure(config, store, &attempt, this, what)
+                    .await;
+                hang.headline(this)
+            }
+            Err(None) => {
                 let text =
                     report::render(&failures, hostname, attempt.restarts, config.max_restarts);
                 out.notice(text.clone());
@@ -381,6 +407,14 @@ async fn run_attempts(
     }
 }
 
+/// Where an attempt runs, for its reports.
+struct Here<'a> {
+    node_rank: usize,
+    hostname: &'a str,
+    /// This node's attempt number (its log directory's).
+    attempt: u32,
+}
+
 /// Watches one attempt until it ends.
 async fn supervise(
     config: &LaunchConfig,
@@ -389,10 +423,18 @@ async fn supervise(
     signals: &mut Signals,
     mut remote: Remote<'_>,
     out: &ConsoleSender,
+    here: Here<'_>,
 ) -> AttemptEnd {
     // The first handled signal: once one came, workers that exit are
     // stopping for it, not failing.
     let mut asked: Option<Signal> = None;
+    let watch = HangWatch {
+        timeout: config.hang_timeout,
+        startup: config.startup_timeout,
+        started: std::time::SystemTime::now(),
+    };
+    let mut beats = tokio::time::interval(hang::CHECK_EVERY);
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             // Exits first: workers that all finished are done, whatever the
@@ -418,12 +460,20 @@ async fn supervise(
                         // ending by one of those is the launcher's doing.
                         failures: group.failures(|r, how| running.contains(&r) && stopped_by_us(how)),
                         remote: None,
+                        hang: None,
                     };
                 }
             },
             event = &mut remote, if asked.is_none() => {
                 group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
-                return AttemptEnd::Failed { failures: Vec::new(), remote: Some(event) };
+                return AttemptEnd::Failed { failures: Vec::new(), remote: Some(event), hang: None };
+            }
+            _ = beats.tick(), if asked.is_none() => {
+                let ranks = group.beats();
+                if let Some(stall) = watch.check(&ranks, std::time::SystemTime::now()) {
+                    let report = hung(config, store, group, out, &here, stall, ranks).await;
+                    return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(report) };
+                }
             }
             signal = signals.recv() => {
                 if asked.is_none() {
@@ -444,6 +494,55 @@ async fn supervise(
             }
         }
     }
+}
+
+/// The job is hung: every rank's stacks first, written out, then the
+/// store says so (ranks blocked in relaunch's agreement give up) and the
+/// workers are stopped with the grace period.
+async fn hung(
+    config: &LaunchConfig,
+    store: &JobStore,
+    group: &mut WorkerGroup,
+    out: &ConsoleSender,
+    here: &Here<'_>,
+    stall: hang::Stall,
+    ranks: Vec<hang::RankBeat>,
+) -> HangReport {
+    let detected = std::time::SystemTime::now();
+    out.notice(format!(
+        "relaunch: no progress from rank(s) {}; taking every rank's stacks before stopping them",
+        crate::stacks::ranks_text(
+            &ranks
+                .iter()
+                .filter(|r| match &stall {
+                    hang::Stall::Silent(l) | hang::Stall::NeverBeat(l) => l.contains(&r.local_rank),
+                })
+                .map(|r| r.global_rank)
+                .collect::<Vec<_>>()
+        )
+    ));
+    let mut report = HangReport {
+        stall,
+        timeout: config.hang_timeout,
+        startup: config.startup_timeout,
+        detected,
+        node_rank: here.node_rank,
+        hostname: here.hostname.to_owned(),
+        ranks: hang::collect(ranks).await,
+        file: None,
+    };
+    if let Some(dir) = group.attempt_dir() {
+        report.write(dir, here.attempt);
+    }
+    announce(
+        store,
+        &keys::failed(&config.run_id),
+        &report.headline(here.attempt),
+        "the hang",
+    )
+    .await;
+    group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
+    report
 }
 
 /// The root cause of a failure as event data: who failed, and how.

@@ -341,6 +341,12 @@ pub struct LaunchConfig {
     pub monitor_interval: Duration,
     /// SIGTERM (or the forwarded signal) to SIGKILL.
     pub shutdown_timeout: Duration,
+    /// No progress beat for this long from a rank that has beaten means
+    /// the job is hung (`None`: never).
+    pub hang_timeout: Option<Duration>,
+    /// No first beat this long after a rank started means the job is hung
+    /// (`None`: no limit).
+    pub startup_timeout: Option<Duration>,
     /// Where per-attempt, per-rank logs go; a temporary directory if `None`.
     pub log_dir: Option<PathBuf>,
     /// Streams that go to log files only.

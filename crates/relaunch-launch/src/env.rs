@@ -50,6 +50,13 @@ pub const RELAUNCH_ATTEMPT: &str = "RELAUNCH_ATTEMPT";
 pub const RELAUNCH_STORE: &str = "RELAUNCH_STORE";
 /// The worker's log directory for this attempt.
 pub const RELAUNCH_LOG_DIR: &str = "RELAUNCH_LOG_DIR";
+/// The rank's beat record (`relaunch_client::beat`), in its log directory.
+pub const RELAUNCH_BEAT_FILE: &str = relaunch_client::beat::BEAT_FILE_ENV;
+/// The beat record's name in a rank's log directory.
+pub const BEAT_FILE: &str = "beat";
+/// Where `import relaunch` has a rank write its stacks on the dump signal
+/// (`faulthandler`), in its log directory.
+pub const STACKS_FILE: &str = "stacks.txt";
 
 /// Where one worker sits in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,6 +124,10 @@ pub fn worker_env(
             format!("{}:{}", attempt.master_addr, attempt.master_port),
         ),
         (RELAUNCH_LOG_DIR, log_dir.display().to_string()),
+        (
+            RELAUNCH_BEAT_FILE,
+            log_dir.join(BEAT_FILE).display().to_string(),
+        ),
     ];
     match inherited(OMP_NUM_THREADS) {
         Some(value) => env.push((OMP_NUM_THREADS, value)),

@@ -13,12 +13,14 @@ use tokio::time::Instant;
 
 use crate::config::LaunchConfig;
 use crate::console::{ConsoleSender, Stream};
-use crate::env::{AttemptEnv, WorkerPlace, worker_env};
+use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, worker_env};
 use crate::error::LaunchError;
+use crate::hang::RankBeat;
 use crate::logs::{LogLayout, StreamSink, Tail, pump};
 use crate::report::{ErrorFile, Failure};
 use crate::tracking::LineTap;
 use crate::worker::{self, ExitKind};
+use relaunch_client::beat::Beats;
 
 /// A worker's end, as the group reports it.
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +34,11 @@ struct Member {
     place: WorkerPlace,
     pid: Pid,
     exit: Option<Exit>,
+    /// Its log directory.
+    dir: PathBuf,
+    /// Its beat record; `None` if it could not be created (then the rank
+    /// is not watched for hangs).
+    beats: Option<Beats>,
     error_file: PathBuf,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
@@ -125,6 +132,13 @@ impl WorkerGroup {
         // A stale file would be read as this attempt's error.
         let _ = std::fs::remove_file(&error_file);
         let env = worker_env(attempt, place, &error_file, dir, |k| std::env::var(k).ok());
+        // Before the worker starts: its first beat maps the record.
+        let beat_file = dir.join(BEAT_FILE);
+        let beats = Beats::create(&beat_file)
+            .inspect_err(|e| {
+                tracing::warn!(file = %beat_file.display(), error = %e, "cannot create a beat record; this rank is not watched for hangs");
+            })
+            .ok();
         let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank)?;
         let pid = child
             .id()
@@ -196,6 +210,8 @@ impl WorkerGroup {
             place,
             pid,
             exit: None,
+            dir: dir.to_path_buf(),
+            beats,
             error_file,
             stdout_log,
             stderr_log,
@@ -215,6 +231,31 @@ impl WorkerGroup {
             .iter()
             .filter(|m| m.exit.is_none())
             .map(|m| m.place.local_rank)
+    }
+
+    /// The beat records of the workers still running, read now.
+    pub fn beats(&self) -> Vec<RankBeat> {
+        self.members
+            .iter()
+            .filter(|m| m.exit.is_none())
+            .map(|m| RankBeat {
+                local_rank: m.place.local_rank,
+                global_rank: m.place.global_rank,
+                pid: m.pid,
+                dir: m.dir.clone(),
+                state: m.beats.as_ref().map(Beats::read),
+                tail: m
+                    .stderr_tail
+                    .lock()
+                    .map(|t| t.iter().cloned().collect())
+                    .unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// The attempt's log directory (its ranks' directories' parent).
+    pub fn attempt_dir(&self) -> Option<&Path> {
+        self.members.first().and_then(|m| m.dir.parent())
     }
 
     /// Whether every worker has exited.

@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod env;
 mod error;
 pub mod group;
+pub mod hang;
 mod job_store;
 pub mod keys;
 pub mod lines;
@@ -23,6 +24,7 @@ mod orphans;
 pub mod rendezvous;
 pub mod report;
 mod signals;
+pub mod stacks;
 pub mod tracking;
 pub mod worker;
 

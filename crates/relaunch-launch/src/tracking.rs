@@ -257,6 +257,14 @@ impl Tracker {
         self.cause = Some(report.to_owned());
     }
 
+    /// Records that the job hung (the report's text and `hang.json`).
+    pub(crate) fn hang(&mut self, report: &str, data: serde_json::Value) {
+        if let Some(run) = self.run() {
+            record(&run, "hang", report, &data);
+        }
+        self.cause = Some(report.to_owned());
+    }
+
     /// Node 0 records that the workers restart after `why`.
     pub(crate) fn restarting(
         &mut self,

@@ -23,12 +23,27 @@ fn cli_main(py: Python<'_>, argv: Vec<String>, python: Option<String>) -> i32 {
     i32::from(code)
 }
 
+/// A progress beat for `relaunch run`'s hang detection, at `step` if
+/// given: a few stores into a shared page, no system call. Does nothing
+/// outside `relaunch run`.
+#[pyfunction]
+#[pyo3(signature = (step=None))]
+fn heartbeat(step: Option<i64>) {
+    relaunch_client::beat::beat(step);
+}
+
+/// Records in this rank's beat record that process `pid` writes its stacks
+/// on `signal`; false outside `relaunch run`, or when another process of
+/// the rank did first.
+#[pyfunction]
+fn claim_stack_signal(pid: u32, signal: i32) -> bool {
+    relaunch_client::beat::this_process().is_some_and(|b| b.claim_dump_signal(pid, signal))
+}
+
 #[pymodule]
 mod _native {
     use pyo3::prelude::*;
 
-    #[pymodule_export]
-    use super::cli_main;
     #[pymodule_export]
     use super::files::{hash_bytes, hash_file};
     #[pymodule_export]
@@ -37,6 +52,8 @@ mod _native {
     use super::tracking::Run;
     #[pymodule_export]
     use super::transfer::{download_file, upload_file};
+    #[pymodule_export]
+    use super::{claim_stack_signal, cli_main, heartbeat};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

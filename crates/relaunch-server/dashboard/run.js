@@ -266,7 +266,7 @@ function eventsView(root, ctx) {
       return;
     }
     list.replaceChildren(...ctx.events.map((e) => {
-      const failure = e.kind === 'failed' || e.kind === 'worker_failed';
+      const failure = e.kind === 'failed' || e.kind === 'worker_failed' || e.kind === 'hang';
       const [first, ...rest] = (e.text || '').split('\n');
       const hasData = e.data && typeof e.data === 'object' && Object.keys(e.data).length > 0;
       return h('li', { class: `event kind-${e.kind}`, 'data-kind': e.kind },

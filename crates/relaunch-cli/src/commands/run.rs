@@ -182,6 +182,16 @@ fn resolve(args: &RunArgs, context: &Context) -> Result<LaunchConfig, String> {
         max_restarts: args.max_restarts,
         monitor_interval: seconds("--monitor-interval", args.monitor_interval)?,
         shutdown_timeout: seconds("--shutdown-timeout", shutdown_timeout)?,
+        hang_timeout: match args.hang_timeout {
+            None => Some(relaunch_launch::hang::DEFAULT_HANG_TIMEOUT),
+            Some(0.0) => None,
+            Some(s) => Some(seconds("--hang-timeout", s)?),
+        },
+        startup_timeout: args
+            .startup_timeout
+            .map(|s| seconds("--startup-timeout", s))
+            .transpose()?
+            .filter(|t| !t.is_zero()),
         log_dir: args.log_dir.clone(),
         redirects: args.redirects.clone(),
         tee: args.tee.clone(),

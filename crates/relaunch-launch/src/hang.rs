@@ -1,0 +1,612 @@
+//! Hangs: a job that stops making progress without dying.
+//!
+//! Each worker beats (`relaunch_client::beat`) when it logs a step, reaches
+//! `preemption.reached`, saves a checkpoint or calls `relaunch.heartbeat`;
+//! [`HangWatch`] reads every rank's beat record once a second. Once a rank
+//! has beaten, no beat from it for `--hang-timeout` means the job is hung;
+//! with `--startup-timeout`, so does a rank that has not beaten that long
+//! after it started.
+//!
+//! Before anything is killed, [`collect`] takes every running rank's
+//! Python stacks (all threads): `py-spy dump` when it is installed and
+//! allowed to attach, else the dump the rank writes itself on the signal
+//! `import relaunch` registered with `faulthandler` (named in its beat
+//! record), else the last lines of its stderr. The [`HangReport`] names the
+//! rank that stopped beating first, each rank's last step, and groups the
+//! ranks by where their main thread is; it is written to the attempt's log
+//! directory (`hang.json`, and `stack.txt` in each rank's directory), shown
+//! on the console and recorded on the run as a `hang` event. Then the
+//! attempt ends as a failed one: workers stopped, restart with backoff,
+//! counted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::unistd::Pid;
+use relaunch_client::beat::BeatState;
+use serde_json::json;
+
+use crate::stacks;
+
+/// The hang timeout when `--hang-timeout` is not given.
+pub const DEFAULT_HANG_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How often the beats are read.
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long one `py-spy dump` may take.
+const PY_SPY_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Last beats this close together count as the same moment (see
+/// [`HangReport::first`]).
+pub const SAME_MOMENT: Duration = Duration::from_secs(1);
+
+/// How long a rank has to write its stacks after the dump signal.
+const DUMP_PATIENCE: Duration = Duration::from_secs(3);
+
+/// What the launcher knows of one rank when it checks for a hang.
+#[derive(Clone, Debug)]
+pub struct RankBeat {
+    pub local_rank: usize,
+    pub global_rank: usize,
+    pub pid: Pid,
+    /// The rank's log directory.
+    pub dir: PathBuf,
+    /// `None` when its beat record could not be created.
+    pub state: Option<BeatState>,
+    /// The last lines of its stderr.
+    pub tail: Vec<String>,
+}
+
+/// When a job counts as hung.
+#[derive(Clone, Copy, Debug)]
+pub struct HangWatch {
+    /// `None`: off.
+    pub timeout: Option<Duration>,
+    pub startup: Option<Duration>,
+    /// When the attempt's workers started.
+    pub started: SystemTime,
+}
+
+/// Why the watch fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// Ranks that beat and then went silent for the timeout.
+    Silent(Vec<usize>),
+    /// Ranks that never beat within the start-up timeout.
+    NeverBeat(Vec<usize>),
+}
+
+impl HangWatch {
+    /// The stalled ranks (local ranks) among `ranks`, all running, at
+    /// `now`; `None` when every rank is making progress.
+    pub fn check(&self, ranks: &[RankBeat], now: SystemTime) -> Option<Stall> {
+        let since = |t: SystemTime| now.duration_since(t).unwrap_or_default();
+        let mut silent = Vec::new();
+        let mut never = Vec::new();
+        for rank in ranks {
+            let Some(state) = rank.state else { continue };
+            match state.last {
+                Some(last) => {
+                    if self.timeout.is_some_and(|t| since(last) >= t) {
+                        silent.push(rank.local_rank);
+                    }
+                }
+                None => {
+                    if self.startup.is_some_and(|t| since(self.started) >= t) {
+                        never.push(rank.local_rank);
+                    }
+                }
+            }
+        }
+        if !silent.is_empty() {
+            Some(Stall::Silent(silent))
+        } else if !never.is_empty() {
+            Some(Stall::NeverBeat(never))
+        } else {
+            None
+        }
+    }
+}
+
+/// How a rank's stacks were taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    PySpy,
+    /// The rank's own `faulthandler` dump, on the signal it registered.
+    Signal,
+    /// Neither worked: the last lines of its stderr.
+    StderrTail,
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Self::PySpy => "py-spy",
+            Self::Signal => "faulthandler",
+            Self::StderrTail => "stderr tail",
+        }
+    }
+}
+
+/// One rank in a hang report.
+#[derive(Clone, Debug)]
+pub struct RankStack {
+    pub rank: RankBeat,
+    pub method: Method,
+    pub text: String,
+    /// Where its main thread is, when the text is a stack.
+    pub place: Option<String>,
+    /// `stack.txt` in its log directory, once written.
+    pub file: Option<PathBuf>,
+}
+
+/// Everything said about one hang.
+#[derive(Clone, Debug)]
+pub struct HangReport {
+    pub stall: Stall,
+    pub timeout: Option<Duration>,
+    pub startup: Option<Duration>,
+    pub detected: SystemTime,
+    pub node_rank: usize,
+    pub hostname: String,
+    pub ranks: Vec<RankStack>,
+    /// `hang.json`, once written.
+    pub file: Option<PathBuf>,
+}
+
+/// Takes every rank's stacks, at once for all of them; in the order of
+/// `ranks`.
+pub async fn collect(ranks: Vec<RankBeat>) -> Vec<RankStack> {
+    let py_spy = py_spy();
+    let mut takes = tokio::task::JoinSet::new();
+    for (i, rank) in ranks.into_iter().enumerate() {
+        let py_spy = py_spy.clone();
+        takes.spawn(async move { (i, take(rank, py_spy.as_deref()).await) });
+    }
+    let mut taken: Vec<(usize, RankStack)> = takes.join_all().await;
+    taken.sort_by_key(|(i, _)| *i);
+    taken.into_iter().map(|(_, stack)| stack).collect()
+}
+
+async fn take(rank: RankBeat, py_spy: Option<&Path>) -> RankStack {
+    // The process to look at: the one that registered a dump signal (the
+    // interpreter, when the worker is a wrapper script), else the worker.
+    let python = rank
+        .state
+        .and_then(|s| s.dump)
+        .map(|(pid, _)| Pid::from_raw(pid as i32))
+        .filter(|pid| in_group(*pid, rank.pid))
+        .unwrap_or(rank.pid);
+    let (method, text) = match py_spy_dump(py_spy, python).await {
+        Some(text) => (Method::PySpy, text),
+        None => match signal_dump(&rank).await {
+            Some(text) => (Method::Signal, text),
+            None => (Method::StderrTail, rank.tail.join("\n")),
+        },
+    };
+    let place = match method {
+        Method::StderrTail => None,
+        _ => stacks::place(&stacks::main_thread(&text)),
+    };
+    RankStack {
+        rank,
+        method,
+        text,
+        place,
+        file: None,
+    }
+}
+
+/// `py-spy` to use: `RELAUNCH_PY_SPY` (a path, or `off`), else the one on
+/// `PATH`, else none.
+fn py_spy() -> Option<PathBuf> {
+    match std::env::var_os("RELAUNCH_PY_SPY") {
+        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("py-spy"))
+                .find(|p| p.is_file())
+        }),
+    }
+}
+
+/// `py-spy dump --pid PID` (every thread); `None` when there is no
+/// py-spy, it may not attach (ptrace), or it says nothing in time.
+async fn py_spy_dump(py_spy: Option<&Path>, pid: Pid) -> Option<String> {
+    let py_spy = py_spy?;
+    let run = tokio::process::Command::new(py_spy)
+        .args(["dump", "--full-filenames", "--pid", &pid.to_string()])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(PY_SPY_PATIENCE, run).await {
+        Ok(Ok(out)) if out.status.success() && !out.stdout.is_empty() => {
+            Some(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+        Ok(Ok(out)) => {
+            tracing::debug!(%pid, stderr = %String::from_utf8_lossy(&out.stderr).trim(), "py-spy could not dump the rank's stacks");
+            None
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%pid, error = %e, "cannot run py-spy");
+            None
+        }
+        Err(_) => {
+            tracing::debug!(%pid, "py-spy took too long");
+            None
+        }
+    }
+}
+
+/// Whether `pid` is in the process group that `leader` leads (a worker's
+/// session): the launcher signals only its own workers' processes.
+fn in_group(pid: Pid, leader: Pid) -> bool {
+    nix::unistd::getpgid(Some(pid)).is_ok_and(|group| group == leader)
+}
+
+/// Sends the rank's registered dump signal and reads what it appends to
+/// `stacks.txt` in its log directory.
+async fn signal_dump(rank: &RankBeat) -> Option<String> {
+    let (pid, number) = rank.state?.dump?;
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?);
+    if !in_group(pid, rank.pid) {
+        return None;
+    }
+    let file = rank.dir.join(crate::env::STACKS_FILE);
+    let before = std::fs::metadata(&file).map_or(0, |m| m.len());
+    if let Err(e) = kill_realtime(pid, number) {
+        tracing::debug!(%pid, number, error = %e, "cannot send the stack-dump signal");
+        return None;
+    }
+    let deadline = tokio::time::Instant::now() + DUMP_PATIENCE;
+    let mut seen = before;
+    let mut quiet = 0;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let len = std::fs::metadata(&file).map_or(0, |m| m.len());
+        if len > before && len == seen {
+            quiet += 1;
+            if quiet >= 4 {
+                break;
+            }
+        } else {
+            quiet = 0;
+        }
+        seen = len;
+    }
+    let text = std::fs::read(&file).ok()?;
+    let new = text.get(usize::try_from(before).ok()?..)?;
+    (!new.is_empty()).then(|| String::from_utf8_lossy(new).into_owned())
+}
+
+/// `kill(pid, number)` for a real-time signal, which `nix`'s `Signal`
+/// cannot name. Only real-time numbers are sent: the rank registered a
+/// handler for this one, and no other number could stop or kill it.
+#[allow(unsafe_code)]
+fn kill_realtime(pid: Pid, number: i32) -> nix::Result<()> {
+    if !(nix::libc::SIGRTMIN()..=nix::libc::SIGRTMAX()).contains(&number) {
+        return Err(nix::errno::Errno::EINVAL);
+    }
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let result = unsafe { nix::libc::kill(pid.as_raw(), number) };
+    nix::errno::Errno::result(result).map(drop)
+}
+
+impl HangReport {
+    /// The rank that stopped beating first: the one with the earliest last
+    /// beat (of those that never beat, for a start-up stall). Ranks that stop at the same step stop
+    /// within moments of each other (the others wait for the culprit in a
+    /// collective), so among those within [`SAME_MOMENT`] of the earliest,
+    /// it is the one stuck where the fewest others are.
+    pub fn first(&self) -> Option<&RankStack> {
+        let last = |r: &RankStack| r.rank.state.and_then(|s| s.last).unwrap_or(UNIX_EPOCH);
+        // Every rank that has beaten, not only those past the timeout at
+        // this check: the culprit may be a few milliseconds short of it.
+        let candidates: Vec<&RankStack> = match &self.stall {
+            Stall::Silent(_) => self
+                .ranks
+                .iter()
+                .filter(|r| r.rank.state.is_some_and(|s| s.last.is_some()))
+                .collect(),
+            Stall::NeverBeat(stalled) => self
+                .ranks
+                .iter()
+                .filter(|r| stalled.contains(&r.rank.local_rank))
+                .collect(),
+        };
+        let earliest = candidates.iter().map(|r| last(r)).min()?;
+        let sharing = |r: &RankStack| {
+            self.ranks
+                .iter()
+                .filter(|o| o.place.is_some() && o.place == r.place)
+                .count()
+        };
+        candidates
+            .into_iter()
+            .filter(|r| last(r) <= earliest + SAME_MOMENT)
+            .min_by_key(|r| (sharing(r), last(r)))
+    }
+
+    /// One line: who stopped, since when.
+    pub fn headline(&self, attempt: u32) -> String {
+        let first = self.first();
+        match (&self.stall, first) {
+            (Stall::Silent(ranks), Some(first)) => {
+                let last = first.rank.state.and_then(|s| s.last);
+                let silent = last
+                    .and_then(|l| self.detected.duration_since(l).ok())
+                    .unwrap_or_default();
+                let globals: Vec<usize> = self
+                    .ranks
+                    .iter()
+                    .filter(|r| ranks.contains(&r.rank.local_rank))
+                    .map(|r| r.rank.global_rank)
+                    .collect();
+                format!(
+                    "hang in attempt {attempt}: rank {} stopped beating first, {:.0}s ago{}; \
+                     no progress from rank(s) {} for {:.0?} (--hang-timeout) on node {} ({})",
+                    first.rank.global_rank,
+                    silent.as_secs_f64(),
+                    step_text(first),
+                    stacks::ranks_text(&globals),
+                    self.timeout.unwrap_or_default(),
+                    self.node_rank,
+                    self.hostname
+                )
+            }
+            (Stall::NeverBeat(ranks), _) => {
+                let globals: Vec<usize> = self
+                    .ranks
+                    .iter()
+                    .filter(|r| ranks.contains(&r.rank.local_rank))
+                    .map(|r| r.rank.global_rank)
+                    .collect();
+                format!(
+                    "hang in attempt {attempt}: rank(s) {} made no progress in the {:.0?} after \
+                     they started (--startup-timeout) on node {} ({})",
+                    stacks::ranks_text(&globals),
+                    self.startup.unwrap_or_default(),
+                    self.node_rank,
+                    self.hostname
+                )
+            }
+            (Stall::Silent(_), None) => format!("hang in attempt {attempt}"),
+        }
+    }
+
+    /// The console's text: the headline, the ranks grouped by where they
+    /// are, and where the stacks are.
+    pub fn render(&self, attempt: u32) -> String {
+        let mut s = format!("relaunch: {}\n", self.headline(attempt));
+        let places: Vec<(usize, String)> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let place = r
+                    .place
+                    .clone()
+                    .unwrap_or_else(|| format!("unknown (no stack: {})", r.method.name()));
+                (r.rank.global_rank, place)
+            })
+            .collect();
+        for (ranks, place) in stacks::group(&places) {
+            let plural = if ranks.contains(['-', ',']) {
+                "ranks"
+            } else {
+                "rank"
+            };
+            s.push_str(&format!("  {plural} {ranks}: {place}\n"));
+        }
+        for r in &self.ranks {
+            let last = r
+                .rank
+                .state
+                .and_then(|s| s.last)
+                .and_then(|l| self.detected.duration_since(l).ok())
+                .map_or("never beat".to_owned(), |d| {
+                    format!("last beat {:.1}s before", d.as_secs_f64())
+                });
+            s.push_str(&format!(
+                "  rank {} (local rank {}, pid {}): {last}{}; stacks by {}{}\n",
+                r.rank.global_rank,
+                r.rank.local_rank,
+                r.rank.pid,
+                step_text(r),
+                r.method.name(),
+                r.file
+                    .as_ref()
+                    .map_or(String::new(), |f| format!(" in {}", f.display()))
+            ));
+        }
+        if let Some(file) = &self.file {
+            s.push_str(&format!("  report: {}\n", file.display()));
+        }
+        s.truncate(s.trim_end().len());
+        s
+    }
+
+    /// `hang.json` and the tracking event's data.
+    pub fn to_json(&self, attempt: u32) -> serde_json::Value {
+        let secs = |t: Option<SystemTime>| {
+            t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs_f64())
+        };
+        let first = self.first().map(|r| r.rank.global_rank);
+        let places: Vec<(usize, String)> = self
+            .ranks
+            .iter()
+            .filter_map(|r| Some((r.rank.global_rank, r.place.clone()?)))
+            .collect();
+        json!({
+            "attempt": attempt,
+            "kind": match self.stall { Stall::Silent(_) => "silent", Stall::NeverBeat(_) => "never_beat" },
+            "detected": secs(Some(self.detected)),
+            "hang_timeout_s": self.timeout.map(|t| t.as_secs_f64()),
+            "startup_timeout_s": self.startup.map(|t| t.as_secs_f64()),
+            "node_rank": self.node_rank,
+            "host": self.hostname,
+            "first_rank": first,
+            "groups": stacks::group(&places).into_iter()
+                .map(|(ranks, place)| json!({"ranks": ranks, "where": place}))
+                .collect::<Vec<_>>(),
+            "ranks": self.ranks.iter().map(|r| json!({
+                "rank": r.rank.global_rank,
+                "local_rank": r.rank.local_rank,
+                "pid": r.rank.pid.as_raw(),
+                "beats": r.rank.state.map(|s| s.beats),
+                "last_beat": secs(r.rank.state.and_then(|s| s.last)),
+                "last_step": r.rank.state.and_then(|s| s.step),
+                "where": r.place,
+                "stacks_by": r.method.name(),
+                "stack_file": r.file.as_ref().map(|f| f.display().to_string()),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Writes each rank's `stack.txt` and the attempt's `hang.json`
+    /// (beside the rank directories). Failing to write is said, not fatal.
+    pub fn write(&mut self, attempt_dir: &Path, attempt: u32) {
+        for r in &mut self.ranks {
+            let file = r.rank.dir.join("stack.txt");
+            let text = format!(
+                "# rank {} (pid {}), stacks by {}\n{}\n",
+                r.rank.global_rank,
+                r.rank.pid,
+                r.method.name(),
+                r.text
+            );
+            match std::fs::write(&file, text) {
+                Ok(()) => r.file = Some(file),
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %e, "cannot write a rank's stacks")
+                }
+            }
+        }
+        let file = attempt_dir.join("hang.json");
+        let json = serde_json::to_string_pretty(&self.to_json(attempt)).unwrap_or_default();
+        match std::fs::write(&file, json) {
+            Ok(()) => self.file = Some(file),
+            Err(e) => {
+                tracing::warn!(file = %file.display(), error = %e, "cannot write the hang report")
+            }
+        }
+    }
+}
+
+fn step_text(r: &RankStack) -> String {
+    match r.rank.state.and_then(|s| s.step) {
+        Some(step) => format!(", at step {step}"),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(local: usize, last_ago: Option<u64>, now: SystemTime) -> RankBeat {
+        RankBeat {
+            local_rank: local,
+            global_rank: local + 4,
+            pid: Pid::from_raw(1000 + local as i32),
+            dir: PathBuf::from("/nowhere"),
+            state: Some(BeatState {
+                beats: u64::from(last_ago.is_some()),
+                last: last_ago.map(|s| now - Duration::from_secs(s)),
+                step: last_ago.map(|s| 100 - s as i64),
+                step_at: None,
+                dump: None,
+            }),
+            tail: vec![],
+        }
+    }
+
+    #[test]
+    fn a_rank_is_hung_only_after_it_has_beaten_and_gone_silent() {
+        let now = SystemTime::now();
+        let watch = HangWatch {
+            timeout: Some(Duration::from_secs(30)),
+            startup: None,
+            started: now - Duration::from_secs(3600),
+        };
+        // Never beat, no start-up limit: not watched.
+        assert_eq!(watch.check(&[rank(0, None, now)], now), None);
+        assert_eq!(
+            watch.check(&[rank(0, Some(5), now), rank(1, Some(29), now)], now),
+            None
+        );
+        assert_eq!(
+            watch.check(&[rank(0, Some(5), now), rank(1, Some(31), now)], now),
+            Some(Stall::Silent(vec![1]))
+        );
+        let startup = HangWatch {
+            startup: Some(Duration::from_secs(60)),
+            ..watch
+        };
+        assert_eq!(
+            startup.check(&[rank(0, Some(5), now), rank(1, None, now)], now),
+            Some(Stall::NeverBeat(vec![1]))
+        );
+        let young = HangWatch {
+            started: now - Duration::from_secs(10),
+            ..startup
+        };
+        assert_eq!(young.check(&[rank(1, None, now)], now), None);
+        let off = HangWatch {
+            timeout: None,
+            ..watch
+        };
+        assert_eq!(off.check(&[rank(1, Some(3000), now)], now), None);
+    }
+
+    #[test]
+    fn the_report_names_the_first_rank_to_stop_and_groups_the_others() {
+        let now = SystemTime::now();
+        let stack = |r: RankBeat, place: &str| RankStack {
+            rank: r,
+            method: Method::Signal,
+            text: String::new(),
+            place: Some(place.to_owned()),
+            file: None,
+        };
+        let report = HangReport {
+            stall: Stall::Silent(vec![0, 1, 2]),
+            timeout: Some(Duration::from_secs(30)),
+            startup: None,
+            detected: now,
+            node_rank: 1,
+            hostname: "node1".into(),
+            ranks: vec![
+                stack(rank(0, Some(31), now), "in all_reduce, train.py:88"),
+                stack(rank(1, Some(45), now), "in sleep, train.py:61"),
+                stack(rank(2, Some(31), now), "in all_reduce, train.py:88"),
+            ],
+            file: None,
+        };
+        assert_eq!(report.first().unwrap().rank.global_rank, 5);
+        // Stopped at the same moment: the one stuck where the others are
+        // not is named.
+        let mut tie = report.clone();
+        tie.ranks[1].rank = rank(1, Some(31), now);
+        assert_eq!(tie.first().unwrap().rank.global_rank, 5);
+        tie.ranks[1].place = Some("in all_reduce, train.py:88".into());
+        tie.ranks[0].place = Some("in load, data.py:9".into());
+        assert_eq!(tie.first().unwrap().rank.global_rank, 4);
+        let text = report.render(2);
+        assert!(
+            text.contains("rank 5 stopped beating first, 45s ago, at step 55"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ranks 4,6: in all_reduce, train.py:88"),
+            "{text}"
+        );
+        assert!(text.contains("rank 5: in sleep, train.py:61"), "{text}");
+        let json = report.to_json(2);
+        assert_eq!(json["first_rank"], 5);
+        assert_eq!(json["groups"][0]["ranks"], "4,6");
+        assert_eq!(json["ranks"][1]["last_step"], 55);
+    }
+}

@@ -1,0 +1,152 @@
+"""Hangs: a job that stops making progress without dying. `relaunch run`
+finds it from the ranks' progress beats, takes every rank's Python stacks
+(py-spy, else the rank's own faulthandler dump, else its stderr), names
+the rank that stopped first, writes the report and restarts the job. Real
+PyTorch (gloo), a spawn DataLoader in every rank, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+WORKERS = HERE / "workers"
+RELAUNCH = [sys.executable, "-m", "relaunch", "run"]
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def run(args: list, env: dict, timeout: float = 240) -> tuple[int, str]:
+    """`relaunch run ARGS` to its end; its code and its console (both streams)."""
+    proc = subprocess.run(
+        [*RELAUNCH, *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout
+
+
+def env_with(**changes: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAUNCH_")}
+    env.update(changes)
+    return env
+
+
+def hang_report(logs: Path, attempt: int = 0) -> dict:
+    found = list(logs.glob(f"*/attempt_{attempt}/hang.json"))
+    assert len(found) == 1, f"no single hang.json for attempt {attempt} under {logs}: {found}"
+    return json.loads(found[0].read_text())
+
+
+def py_spy_or_skip() -> None:
+    if shutil.which("py-spy", path=VENV_BIN) is None:
+        if os.environ.get("CI"):
+            pytest.fail("py-spy is missing from the virtual environment (requirements-dev.txt)")
+        pytest.skip("py-spy is not installed in this virtual environment")
+
+
+@pytest.mark.parametrize("stacks_by", ["py-spy", "faulthandler"])
+def test_a_rank_stuck_while_the_others_wait_in_a_collective_is_named_and_the_job_restarts(
+    stacks_by, tracking_server, tmp_path
+):
+    if stacks_by == "py-spy":
+        py_spy_or_skip()
+        env = env_with(PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+    else:
+        env = env_with(RELAUNCH_PY_SPY="off")
+    logs = tmp_path / "logs"
+    code, console = run(
+        [
+            "--nproc-per-node", "3", "--hang-timeout", "4", "--max-restarts", "1",
+            "--log-dir", logs, "--server", tracking_server.url, "--run-id", f"hang-{stacks_by}",
+            WORKERS / "hang_collective.py", tmp_path, "--stuck-rank", "1", "--stuck-step", "3",
+        ],
+        env,
+    )  # fmt: skip
+    assert code == 0, console
+    assert (tmp_path / "done.1").exists(), console  # the restarted attempt ran to the end
+    assert not (tmp_path / "done.0").exists()
+
+    report = hang_report(logs)
+    assert report["kind"] == "silent"
+    assert report["first_rank"] == 1, report
+    assert report["hang_timeout_s"] == 4
+    by_rank = {r["rank"]: r for r in report["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2]
+    for r in by_rank.values():
+        assert r["stacks_by"] == stacks_by, r
+        assert r["last_step"] == 2, r  # every rank finished step 2, none step 3
+        stack = Path(r["stack_file"]).read_text()
+        assert "hang_collective.py" in stack, stack
+    assert "stuck_loading_a_batch" in by_rank[1]["where"], by_rank[1]
+    assert "stuck_loading_a_batch" in Path(by_rank[1]["stack_file"]).read_text()
+    groups = {g["ranks"]: g["where"] for g in report["groups"]}
+    assert set(groups) == {"0,2", "1"}, groups
+    assert "all_reduce" in groups["0,2"], groups
+    # The console says it, and the restart follows.
+    assert "rank 1 stopped beating first" in console, console
+    assert "ranks 0,2: in all_reduce" in console, console
+    assert "restarting all workers" in console, console
+
+    # The run has a `hang` event with the same report.
+    base = getattr(tracking_server, "read_url", tracking_server.url)
+    url = f"{base}/api/v1/runs/hang-{stacks_by}/events"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        events = json.load(response)
+    hangs = [e for e in events if e["kind"] == "hang"]
+    assert len(hangs) == 1, [e["kind"] for e in events]
+    assert hangs[0]["attempt"] == 0
+    assert hangs[0]["data"]["first_rank"] == 1
+    assert "stopped beating first" in hangs[0]["text"]
+
+
+def test_a_job_that_never_beats_is_never_called_hung(tmp_path):
+    logs = tmp_path / "logs"
+    # It runs for several seconds, far past the 1 s timeout, without a beat.
+    code, console = run(
+        [
+            "--nproc-per-node", "2", "--hang-timeout", "1", "--max-restarts", "0",
+            "--log-dir", logs, WORKERS / "hang_collective.py", tmp_path,
+            "--stuck-step", "99", "--no-beats",
+        ],
+        env_with(),
+    )  # fmt: skip
+    assert code == 0, console
+    assert (tmp_path / "done.0").exists()
+    assert not list(logs.glob("*/attempt_*/hang.json"))
+    assert "hang" not in console, console
+
+
+def test_a_rank_that_never_gets_going_is_reported_after_the_startup_timeout(tmp_path):
+    # Not even `import relaunch`: no beat, no dump signal; py-spy off. The
+    # report falls back to the last lines of its stderr.
+    worker = tmp_path / "stuck_at_start.py"
+    worker.write_text(
+        "import sys, time\n"
+        "print('mounting the dataset from /mnt/shared', file=sys.stderr, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    logs = tmp_path / "logs"
+    code, console = run(
+        ["--nproc-per-node", "2", "--startup-timeout", "2", "--max-restarts", "0",
+         "--log-dir", logs, worker],
+        env_with(RELAUNCH_PY_SPY="off"),
+        timeout=60,
+    )  # fmt: skip
+    assert code == 1, console
+    report = hang_report(logs)
+    assert report["kind"] == "never_beat", report
+    assert report["startup_timeout_s"] == 2
+    for r in report["ranks"]:
+        assert (r["beats"], r["last_beat"], r["stacks_by"]) == (0, None, "stderr tail"), r
+        assert "mounting the dataset" in Path(r["stack_file"]).read_text()
+    assert "made no progress in the 2s after they started (--startup-timeout)" in console, console
