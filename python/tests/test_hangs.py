@@ -150,3 +150,62 @@ def test_a_rank_that_never_gets_going_is_reported_after_the_startup_timeout(tmp_
         assert (r["beats"], r["last_beat"], r["stacks_by"]) == (0, None, "stderr tail"), r
         assert "mounting the dataset" in Path(r["stack_file"]).read_text()
     assert "made no progress in the 2s after they started (--startup-timeout)" in console, console
+
+
+def test_on_two_nodes_every_node_takes_its_stacks_before_anything_is_stopped(tmp_path):
+    # Two launchers of a static 2-node job on loopback. Rank 3, on node 1,
+    # gets stuck; only node 1 watches closely enough to find it (node 0's
+    # timeout is long), so node 0's stacks are there only if node 1 told
+    # it, through the store, and waited for it before stopping anything.
+    # Then the job restarts and finishes.
+    port = _free_port()
+    logs = [tmp_path / "logs0", tmp_path / "logs1"]
+    env = env_with(RELAUNCH_PY_SPY="off")
+    procs = []
+    for node in range(2):
+        timeout = ["120", "4"][node]
+        args = [
+            *RELAUNCH, "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--nproc-per-node", "2", "--hang-timeout", timeout,
+            "--max-restarts", "1", "--log-dir", logs[node],
+            WORKERS / "hang_collective.py", tmp_path, "--stuck-rank", "3",
+        ]  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [str(a) for a in args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    try:
+        consoles = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0], consoles
+    assert (tmp_path / "done.1").exists()
+    reports = [hang_report(logs[node]) for node in range(2)]
+    by_rank = {r["rank"]: (n, r) for n, report in enumerate(reports) for r in report["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2, 3], reports
+    for rank, (node, r) in by_rank.items():
+        assert node == rank // 2
+        assert r["stacks_by"] == "faulthandler", r
+        assert r["last_step"] == 2, r
+    assert "stuck_loading_a_batch" in by_rank[3][1]["where"]
+    for rank in (0, 1, 2):
+        assert "all_reduce" in by_rank[rank][1]["where"], by_rank[rank]
+    # Each report holds its own node's ranks (they are not merged into one).
+    assert [r["kind"] for r in reports] == ["elsewhere", "silent"], reports
+    assert "found the job hung" in consoles[0] or "hang found on another node" in consoles[0]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -266,6 +266,7 @@ async fn run_attempts(
             let remote = coordinator.remote(config, store, &attempt, number).await?;
             let here = Here {
                 node_rank: place.node_rank,
+                nodes: place.nodes,
                 hostname,
                 attempt: number,
             };
@@ -410,6 +411,8 @@ async fn run_attempts(
 /// Where an attempt runs, for its reports.
 struct Here<'a> {
     node_rank: usize,
+    /// Nodes in the attempt.
+    nodes: usize,
     hostname: &'a str,
     /// This node's attempt number (its log directory's).
     attempt: u32,
@@ -433,6 +436,8 @@ async fn supervise(
         startup: config.startup_timeout,
         started: std::time::SystemTime::now(),
     };
+    // Whether this node took its stacks for a hang another node found.
+    let mut stacks_taken = false;
     let mut beats = tokio::time::interval(hang::CHECK_EVERY);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -470,9 +475,15 @@ async fn supervise(
             }
             _ = beats.tick(), if asked.is_none() => {
                 let ranks = group.beats();
-                if let Some(stall) = watch.check(&ranks, std::time::SystemTime::now()) {
+                // Once another node's hang is known here, the failure that
+                // follows ends the attempt.
+                if !stacks_taken && let Some(stall) = watch.check(&ranks, std::time::SystemTime::now()) {
                     let report = hung(config, store, group, out, &here, stall, ranks).await;
                     return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(report) };
+                }
+                if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id).await {
+                    stacks_taken = true;
+                    stacks_for_elsewhere(config, store, group, out, &here, there).await;
                 }
             }
             signal = signals.recv() => {
@@ -516,11 +527,15 @@ async fn hung(
                 .iter()
                 .filter(|r| match &stall {
                     hang::Stall::Silent(l) | hang::Stall::NeverBeat(l) => l.contains(&r.local_rank),
+                    hang::Stall::Elsewhere(_) => true,
                 })
                 .map(|r| r.global_rank)
                 .collect::<Vec<_>>()
         )
     ));
+    // The other nodes take their stacks too, while their ranks are still
+    // stuck: they read this key once a second.
+    let headline_key = keys::hang(&config.run_id);
     let mut report = HangReport {
         stall,
         timeout: config.hang_timeout,
@@ -528,11 +543,31 @@ async fn hung(
         detected,
         node_rank: here.node_rank,
         hostname: here.hostname.to_owned(),
-        ranks: hang::collect(ranks).await,
+        ranks: Vec::new(),
         file: None,
     };
+    // Two nodes may find the same hang at once: the first to set the key
+    // waits for the others' stacks; the others count themselves in.
+    let mut first = true;
+    if here.nodes > 1 {
+        let headline = report.headline(here.attempt);
+        let set = store.client.compare_set(&headline_key, "", &headline);
+        match tokio::time::timeout(Duration::from_secs(2), set).await {
+            Ok(Ok(value)) => first = value == headline.as_bytes(),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce the hang in the store"),
+            Err(_) => tracing::warn!("the store did not answer in 2 s; the hang is not announced"),
+        }
+    }
+    report.ranks = hang::collect(ranks).await;
     if let Some(dir) = group.attempt_dir() {
         report.write(dir, here.attempt);
+    }
+    if here.nodes > 1 {
+        if first {
+            wait_for_other_stacks(store, &config.run_id, here.nodes - 1).await;
+        } else {
+            count_my_stacks(store, &config.run_id).await;
+        }
     }
     announce(
         store,
@@ -543,6 +578,92 @@ async fn hung(
     .await;
     group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
     report
+}
+
+/// How long the node that found a hang waits for the others' stacks.
+const OTHER_STACKS_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Waits until `others` nodes have taken their stacks, at most
+/// [`OTHER_STACKS_PATIENCE`] (a node that is gone never will).
+async fn wait_for_other_stacks(store: &JobStore, run_id: &str, others: usize) {
+    let key = keys::hang_stacks_taken(run_id);
+    let deadline = tokio::time::Instant::now() + OTHER_STACKS_PATIENCE;
+    while tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_secs(2), store.client.add(&key, 0)).await {
+            Ok(Ok(n)) if n >= others as i64 => return,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read how many nodes took their stacks")
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tracing::warn!(
+        others,
+        "not every other node took its stacks in time; stopping the workers anyway"
+    );
+}
+
+/// The hang another node found in this attempt, if one did.
+async fn hang_elsewhere(store: &JobStore, run_id: &str) -> Option<String> {
+    let key = keys::hang(run_id);
+    let read = async {
+        if store.client.check(&[&key]).await? {
+            store.client.get_now(&key).await.map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(2), read).await {
+        Ok(Ok(value)) => value.map(|v| String::from_utf8_lossy(&v).into_owned()),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot check for a hang on another node");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Another node found the job hung: this node's stacks, written beside its
+/// logs and shown, then counted in the store. The workers are left to the
+/// failure that follows.
+async fn stacks_for_elsewhere(
+    config: &LaunchConfig,
+    store: &JobStore,
+    group: &WorkerGroup,
+    out: &ConsoleSender,
+    here: &Here<'_>,
+    there: String,
+) {
+    let mut report = HangReport {
+        stall: hang::Stall::Elsewhere(there),
+        timeout: config.hang_timeout,
+        startup: config.startup_timeout,
+        detected: std::time::SystemTime::now(),
+        node_rank: here.node_rank,
+        hostname: here.hostname.to_owned(),
+        ranks: hang::collect(group.beats()).await,
+        file: None,
+    };
+    if let Some(dir) = group.attempt_dir() {
+        report.write(dir, here.attempt);
+    }
+    out.notice(report.render(here.attempt));
+    count_my_stacks(store, &config.run_id).await;
+}
+
+/// Tells the node that found the hang that this node's stacks are taken.
+async fn count_my_stacks(store: &JobStore, run_id: &str) {
+    let add = store.client.add(keys::hang_stacks_taken(run_id), 1);
+    match tokio::time::timeout(Duration::from_secs(2), add).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot say in the store that this node took its stacks")
+        }
+        Err(_) => {
+            tracing::warn!("the store did not answer in 2 s; this node's stacks are not counted")
+        }
+    }
 }
 
 /// The root cause of a failure as event data: who failed, and how.

@@ -75,6 +75,9 @@ pub enum Stall {
     Silent(Vec<usize>),
     /// Ranks that never beat within the start-up timeout.
     NeverBeat(Vec<usize>),
+    /// Another node found the job hung (its headline); these are this
+    /// node's ranks at that moment.
+    Elsewhere(String),
 }
 
 impl HangWatch {
@@ -305,6 +308,7 @@ impl HangReport {
         // Every rank that has beaten, not only those past the timeout at
         // this check: the culprit may be a few milliseconds short of it.
         let candidates: Vec<&RankStack> = match &self.stall {
+            Stall::Elsewhere(_) => return None,
             Stall::Silent(_) => self
                 .ranks
                 .iter()
@@ -373,6 +377,10 @@ impl HangReport {
                 )
             }
             (Stall::Silent(_), None) => format!("hang in attempt {attempt}"),
+            (Stall::Elsewhere(there), _) => format!(
+                "stacks of node {} ({}) for a hang found on another node: {there}",
+                self.node_rank, self.hostname
+            ),
         }
     }
 
@@ -441,7 +449,11 @@ impl HangReport {
             .collect();
         json!({
             "attempt": attempt,
-            "kind": match self.stall { Stall::Silent(_) => "silent", Stall::NeverBeat(_) => "never_beat" },
+            "kind": match self.stall {
+                Stall::Silent(_) => "silent",
+                Stall::NeverBeat(_) => "never_beat",
+                Stall::Elsewhere(_) => "elsewhere",
+            },
             "detected": secs(Some(self.detected)),
             "hang_timeout_s": self.timeout.map(|t| t.as_secs_f64()),
             "startup_timeout_s": self.startup.map(|t| t.as_secs_f64()),

@@ -62,6 +62,20 @@ pub fn failed(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/failed")
 }
 
+/// Set by the launcher that finds the job hung, before it stops anything;
+/// its value is the hang's headline. Every other launcher, which reads it
+/// once a second, takes its own ranks' stacks and then adds 1 to
+/// [`hang_stacks_taken`], which the first waits for (bounded) before it
+/// stops its workers: every node's stacks are taken while all are stuck.
+pub fn hang(run_id: &str) -> String {
+    format!("relaunch/{run_id}/workers/hang")
+}
+
+/// How many other nodes have taken their stacks after [`hang`].
+pub fn hang_stacks_taken(run_id: &str) -> String {
+    format!("relaunch/{run_id}/workers/hang_stacks_taken")
+}
+
 /// The step at which every rank stops, agreed by `relaunch.preemption.reached`:
 /// the first rank to propose one sets it with COMPARE_SET; the others adopt it.
 pub fn stop_step(run_id: &str) -> String {
