@@ -48,6 +48,8 @@ ensure_system_packages() {
     # A throwaway PostgreSQL cluster for the storage tests (scripts/postgres.sh).
     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null \
         || missing+=(postgresql)
+    # `ip` makes the network namespaces of the multi-host tests (python/tests/netns.py).
+    command -v ip >/dev/null || missing+=(iproute2)
     if [ ${#missing[@]} -gt 0 ]; then
         say "installing ${missing[*]}"
         as_root apt-get update -qq

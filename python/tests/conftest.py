@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import netns
 import pytest
 
 from relaunch._subprocess import ServerProcess, StoreProcess
@@ -55,6 +56,26 @@ class TorchServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+@pytest.fixture
+def hosts(request: pytest.FixtureRequest) -> Iterator[netns.Hosts]:
+    """Three hosts on one machine (``@pytest.mark.hosts(N)`` for N), each a
+    network namespace with its own address (see ``netns.py``); everything
+    is deleted and every process in them killed at teardown. Skips where
+    namespaces cannot be made, and fails instead under CI (``CI`` set)."""
+    marker = request.node.get_closest_marker("hosts")
+    count = marker.args[0] if marker else 3
+    try:
+        made = netns.Hosts(count)
+    except netns.Unavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{e} (CI is set, so this fails instead of skipping)")
+        pytest.skip(str(e))
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 @pytest.fixture

@@ -1,0 +1,223 @@
+"""`relaunch run` on several hosts with real addresses: each host is a
+network namespace (``netns.py``), one launcher per host, real PyTorch
+(gloo) workers talking across the namespaces' bridge, and links cut the way
+a cable or a switch port fails: silently, nothing reset.
+
+The worker (``workers/multihost_train.py``) records every step it completes
+(host, the step its attempt resumed from, rank, world size); the tests
+assert on those records and on exit codes, never on timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import netns
+import pytest
+import torch
+from conftest import wait_for
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "workers" / "multihost_train.py"
+RELAUNCH = [sys.executable, "-m", "relaunch"]
+STORE_PORT = 29400
+MASTER_PORT = 29500
+# Fast failure detection, so that a test takes seconds: heartbeats every
+# 0.2 s, a node silent for 3 s is lost, a round closes 1 s after MIN joined.
+ELASTIC = (
+    "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+    "--rdzv-conf", "last_call_timeout=1,keep_alive_timeout=3",
+    "--monitor-interval", "0.2", "--shutdown-timeout", "3", "--max-restarts", "3",
+)  # fmt: skip
+
+
+def host_env(host: netns.Host) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RELAUNCH_", "TORCHELASTIC_", "PET_", "MASTER_"))
+    }
+    # gloo would otherwise pick an address from the hostname, which every
+    # namespace shares.
+    env.update(MH_HOST=host.name, GLOO_SOCKET_IFNAME=netns.IFACE, OMP_NUM_THREADS="1")
+    return env
+
+
+class Launcher:
+    """`relaunch ARGS` inside ``host``, its output in files under ``logs``."""
+
+    def __init__(self, host: netns.Host, logs: Path, *args: object) -> None:
+        self.host = host
+        logs.mkdir(parents=True, exist_ok=True)
+        self.out = logs / f"{host.name}.out"
+        self.err = logs / f"{host.name}.err"
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = host.popen(
+                [*RELAUNCH, *map(str, args)],
+                env=host_env(host),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout)
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+
+def steps(out: Path) -> list[dict]:
+    """Every step record the workers wrote."""
+    records = []
+    for path in sorted(out.glob("steps.*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.endswith("}"):  # a line still being written is skipped
+                records.append(json.loads(line))
+    return records
+
+
+def rounds(out: Path) -> list[tuple[int, frozenset[str]]]:
+    """The attempts (rounds) that completed a step, in order: each one's
+    world size and the hosts whose workers completed a step in it. Every
+    rank of one attempt resumed from the same checkpoint, and each attempt
+    from a later one than the last, so the step it started at names it."""
+    worlds: dict[int, set[int]] = defaultdict(set)
+    members: dict[int, set[str]] = defaultdict(set)
+    for r in steps(out):
+        worlds[r["start"]].add(r["world"])
+        members[r["start"]].add(r["host"])
+    for start, w in worlds.items():
+        assert len(w) == 1, f"the attempt that started at step {start} saw world sizes {w}"
+    return [(next(iter(worlds[s])), frozenset(members[s])) for s in sorted(worlds)]
+
+
+def report(launchers: list[Launcher]) -> str:
+    return "\n".join(
+        f"--- {la.host.name} (exit {la.proc.poll()}):\n{la.stderr}" for la in launchers
+    )
+
+
+def test_a_static_job_on_three_hosts_equals_one_host(hosts, tmp_path):
+    """Three launchers, one rank each, across real addresses: the parameters
+    are bitwise those of three ranks on one host (same world, same data)."""
+    train = [WORKER, tmp_path / "three", "--steps", "8"]
+    (tmp_path / "three").mkdir()
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs3", "run", "--nnodes", "3", "--node-rank", h.index,
+            "--master-addr", hosts[0].addr, "--master-port", MASTER_PORT,
+            "--nproc-per-node", "1", "--run-id", "static3", *train,
+        )
+        for h in hosts
+    ]  # fmt: skip
+    codes = [la.wait() for la in launchers]
+    assert codes == [0, 0, 0], report(launchers)
+    assert {(r["host"], r["rank"], r["world"]) for r in steps(tmp_path / "three")} == {
+        ("h0", 0, 3),
+        ("h1", 1, 3),
+        ("h2", 2, 3),
+    }
+
+    (tmp_path / "one").mkdir()
+    one = Launcher(
+        hosts[0], tmp_path / "logs1", "run", "--nproc-per-node", "3", "--run-id", "static1",
+        WORKER, tmp_path / "one", "--steps", "8",
+    )  # fmt: skip
+    assert one.wait() == 0, report([one])
+
+    three = torch.load(tmp_path / "three" / "final.pt", weights_only=True)
+    single = torch.load(tmp_path / "one" / "final.pt", weights_only=True)
+    assert three["step"] == single["step"] == 7 and three["world"] == single["world"] == 3
+    for name, value in single["params"].items():
+        assert torch.equal(three["params"][name], value), name
+    torch.manual_seed(0)  # the weights moved: a test that compares something
+    assert not torch.equal(torch.nn.Linear(16, 4).weight, single["params"]["weight"])
+
+
+def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, tmp_path):
+    """``--nnodes 2:3``; host 2's link goes down mid-run. The two others
+    leave it out and train on; when its link is back, its launcher rejoins
+    and the job ends in a world of three, every launcher exiting 0."""
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "cut", *ELASTIC,
+            # Not done before a step in a world of 3 again: the cut host
+            # must be readmitted for the job to end (else step 2000).
+            WORKER, out, "--steps", "40", "--min-world", "3", "--max-steps", "2000",
+            "--step-time", "0.05", "--timeout", "30",
+        )
+        for h in hosts
+    ]  # fmt: skip
+
+    def trained(host: str, world: int) -> bool:
+        return any(r["host"] == host and r["world"] == world for r in steps(out))
+
+    wait_for(lambda: trained("h2", 3), 120, "three hosts training")
+    hosts[2].cut()
+    wait_for(
+        lambda: any(r["world"] == 2 for r in steps(out)),
+        120,
+        "the two survivors training again",
+    )
+    hosts[2].restore()
+    codes = [la.wait(timeout=150) for la in launchers]
+    assert codes == [0, 0, 0], report(launchers)
+
+    # Three hosts, then the two survivors (in one round, or more if their
+    # round of two restarted before the cut host came back), then three.
+    seen = rounds(out)
+    phases = [r for i, r in enumerate(seen) if i == 0 or seen[i - 1] != r]
+    assert phases == [(3, {"h0", "h1", "h2"}), (2, {"h0", "h1"}), (3, {"h0", "h1", "h2"})], seen
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["world"] == 3 and final["step"] >= 40, final["step"]
+
+
+@pytest.mark.hosts(4)
+def test_a_standalone_store_outlives_node_0(hosts, tmp_path):
+    """The store on a host of its own (``relaunch store serve``): cutting
+    node 0's host off leaves the other two training to the end. (With the
+    store in node 0's launcher, the job would lose its store with it.)"""
+    store_host, nodes = hosts[3], list(hosts)[:3]
+    store_log = tmp_path / "store.err"
+    with store_log.open("w") as err:
+        store = store_host.popen(
+            [*RELAUNCH, "store", "serve", "--host", store_host.addr, "--port", STORE_PORT],
+            env=host_env(store_host),
+            stdin=subprocess.DEVNULL,
+            stderr=err,
+        )
+    wait_for(lambda: "listening on" in store_log.read_text(), 60, "the store to listen")
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{store_host.addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "standalone", *ELASTIC,
+            WORKER, out, "--steps", "60", "--step-time", "0.05", "--timeout", "30",
+        )
+        for h in nodes
+    ]  # fmt: skip
+    wait_for(
+        lambda: any(r["host"] == "h0" and r["world"] == 3 for r in steps(out)),
+        120,
+        "three hosts training",
+    )
+    hosts[0].cut()
+    codes = [la.wait(timeout=150) for la in launchers[1:]]
+    assert codes == [0, 0], report(launchers)
+    assert rounds(out) == [(3, {"h0", "h1", "h2"}), (2, {"h1", "h2"})], rounds(out)
+    final = torch.load(out / "final.pt", weights_only=True)
+    assert final["world"] == 2 and final["step"] == 59
+    # The store never noticed anything but a node gone quiet.
+    assert store.poll() is None
