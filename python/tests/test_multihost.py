@@ -221,3 +221,61 @@ def test_a_standalone_store_outlives_node_0(hosts, tmp_path):
     assert final["world"] == 2 and final["step"] == 59
     # The store never noticed anything but a node gone quiet.
     assert store.poll() is None
+
+
+HANG_WORKER = HERE / "workers" / "hang_collective.py"
+
+
+def test_a_frozen_host_is_found_by_the_others_from_their_beats_and_named(hosts, tmp_path):
+    """A static job of three hosts; every process of host 2 (its launcher,
+    its rank, its DataLoader worker) is SIGSTOPped mid-run, as a host whose
+    kernel stalls. The ranks of hosts 0 and 1 wait for it in all_reduce,
+    stop beating, and their launchers find the hang: each writes its ranks'
+    stacks, and the report says that one other node never answered. Once
+    host 2 runs again, the job restarts and finishes."""
+    import signal as _signal
+
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    launchers = [
+        Launcher(
+            h, logs, "run", "--nnodes", "3", "--node-rank", h.index,
+            "--master-addr", hosts[0].addr, "--master-port", MASTER_PORT,
+            "--nproc-per-node", "1", "--run-id", "frozen", "--hang-timeout", "4",
+            "--max-restarts", "1", "--shutdown-timeout", "3", "--log-dir", logs,
+            HANG_WORKER, out, "--stuck-step", "99999", "--steps", "600", "--step-sleep", "0.05",
+        )
+        for h in hosts
+    ]  # fmt: skip
+    wait_for(
+        lambda: all((out / f"beaten.0.{r}").exists() for r in range(3)), 120, "every rank to beat"
+    )
+    frozen = hosts[2].pids()
+    assert frozen
+    for pid in frozen:
+        os.kill(pid, _signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: any(
+                "did not take their ranks' stacks" in la.stderr + la.out.read_text()
+                for la in launchers[:2]
+            ),
+            90,
+            "a hang report that names a silent node",
+        )
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, _signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    codes = [la.wait(180) for la in launchers]
+    assert codes == [0, 0, 0], report(launchers)
+    assert (out / "done.1").exists()
+    reports = [json.loads(p.read_text()) for p in logs.glob("frozen_*/attempt_0/hang.json")]
+    by_node = {r["node_rank"]: r for r in reports}
+    assert {0, 1} <= set(by_node), reports
+    assert [r["silent_nodes"] for r in reports].count(1) == 1, reports
+    for node in (0, 1):
+        (rank,) = by_node[node]["ranks"]
+        assert rank["rank"] == node and "all_reduce" in rank["where"], rank

@@ -544,13 +544,18 @@ async fn hung(
         node_rank: here.node_rank,
         hostname: here.hostname.to_owned(),
         ranks: Vec::new(),
+        silent_nodes: 0,
         file: None,
     };
     // Two nodes may find the same hang at once: the first to set the key
     // waits for the others' stacks; the others count themselves in.
     let mut first = true;
     if here.nodes > 1 {
-        let headline = report.headline(here.attempt);
+        // Unique to this node: two finders must tell their values apart.
+        let headline = format!(
+            "hang in attempt {} found by node {} ({})",
+            here.attempt, here.node_rank, here.hostname
+        );
         let set = store.client.compare_set(&headline_key, "", &headline);
         match tokio::time::timeout(Duration::from_secs(2), set).await {
             Ok(Ok(value)) => first = value == headline.as_bytes(),
@@ -559,15 +564,16 @@ async fn hung(
         }
     }
     report.ranks = hang::collect(ranks).await;
-    if let Some(dir) = group.attempt_dir() {
-        report.write(dir, here.attempt);
-    }
     if here.nodes > 1 {
         if first {
-            wait_for_other_stacks(store, &config.run_id, here.nodes - 1).await;
+            report.silent_nodes =
+                wait_for_other_stacks(store, &config.run_id, here.nodes - 1).await;
         } else {
             count_my_stacks(store, &config.run_id).await;
         }
+    }
+    if let Some(dir) = group.attempt_dir() {
+        report.write(dir, here.attempt);
     }
     announce(
         store,
@@ -584,24 +590,31 @@ async fn hung(
 const OTHER_STACKS_PATIENCE: Duration = Duration::from_secs(15);
 
 /// Waits until `others` nodes have taken their stacks, at most
-/// [`OTHER_STACKS_PATIENCE`] (a node that is gone never will).
-async fn wait_for_other_stacks(store: &JobStore, run_id: &str, others: usize) {
+/// [`OTHER_STACKS_PATIENCE`] (a node that is gone never will); returns how
+/// many did not.
+async fn wait_for_other_stacks(store: &JobStore, run_id: &str, others: usize) -> usize {
     let key = keys::hang_stacks_taken(run_id);
     let deadline = tokio::time::Instant::now() + OTHER_STACKS_PATIENCE;
+    let mut taken = 0;
     while tokio::time::Instant::now() < deadline {
         match tokio::time::timeout(Duration::from_secs(2), store.client.add(&key, 0)).await {
-            Ok(Ok(n)) if n >= others as i64 => return,
+            Ok(Ok(n)) => taken = usize::try_from(n).unwrap_or(0),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "cannot read how many nodes took their stacks")
             }
-            _ => {}
+            Err(_) => {}
+        }
+        if taken >= others {
+            return 0;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tracing::warn!(
         others,
+        taken,
         "not every other node took its stacks in time; stopping the workers anyway"
     );
+    others - taken.min(others)
 }
 
 /// The hang another node found in this attempt, if one did.
@@ -643,6 +656,7 @@ async fn stacks_for_elsewhere(
         node_rank: here.node_rank,
         hostname: here.hostname.to_owned(),
         ranks: hang::collect(group.beats()).await,
+        silent_nodes: 0,
         file: None,
     };
     if let Some(dir) = group.attempt_dir() {

@@ -154,6 +154,9 @@ pub struct HangReport {
     pub node_rank: usize,
     pub hostname: String,
     pub ranks: Vec<RankStack>,
+    /// Other nodes that did not take their stacks in time when this node
+    /// found the hang: stopped, cut off, or their launcher is gone.
+    pub silent_nodes: usize,
     /// `hang.json`, once written.
     pub file: Option<PathBuf>,
 }
@@ -428,6 +431,13 @@ impl HangReport {
                     .map_or(String::new(), |f| format!(" in {}", f.display()))
             ));
         }
+        if self.silent_nodes > 0 {
+            s.push_str(&format!(
+                "  {} other node(s) did not take their ranks' stacks in time: stopped, cut off, \
+                 or their launcher is gone\n",
+                self.silent_nodes
+            ));
+        }
         if let Some(file) = &self.file {
             s.push_str(&format!("  report: {}\n", file.display()));
         }
@@ -460,6 +470,7 @@ impl HangReport {
             "node_rank": self.node_rank,
             "host": self.hostname,
             "first_rank": first,
+            "silent_nodes": self.silent_nodes,
             "groups": stacks::group(&places).into_iter()
                 .map(|(ranks, place)| json!({"ranks": ranks, "where": place}))
                 .collect::<Vec<_>>(),
@@ -595,6 +606,7 @@ mod tests {
                 stack(rank(1, Some(45), now), "in sleep, train.py:61"),
                 stack(rank(2, Some(31), now), "in all_reduce, train.py:88"),
             ],
+            silent_nodes: 0,
             file: None,
         };
         assert_eq!(report.first().unwrap().rank.global_rank, 5);

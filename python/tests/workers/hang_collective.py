@@ -10,8 +10,11 @@ step. In attempt 0, rank R stops at step S inside
 block in ``all_reduce`` waiting for it. In a later attempt every rank runs
 to the end and rank 0 writes ``OUT_DIR/done.ATTEMPT``. Times (for
 bench/hang): ``OUT_DIR/stuck`` when the rank got stuck, and
-``OUT_DIR/started.ATTEMPT.RANK`` when each rank's loop began. ``--no-beats``:
+``OUT_DIR/started.ATTEMPT.RANK`` when each rank's loop began, and
+``OUT_DIR/beaten.ATTEMPT.RANK`` once it has beaten. ``--no-beats``:
 the loop never beats (the launcher must then never call it hung).
+``--step-sleep SECONDS``: attempt 0's steps take that long (a test freezes a
+host mid-run).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main() -> None:
     p.add_argument("--stuck-step", type=int, default=3)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--no-beats", action="store_true")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds a step, attempt 0")
     a = p.parse_args()
     attempt = int(os.environ["RELAUNCH_ATTEMPT"])
     dist.init_process_group("gloo")
@@ -57,11 +61,20 @@ def main() -> None:
     for step in range(a.steps):
         if attempt == 0 and rank == a.stuck_rank and step == a.stuck_step:
             stuck_loading_a_batch(a.out)
-        (x,) = next(batches)
+        if attempt == 0 and a.step_sleep:
+            time.sleep(a.step_sleep)
+        try:
+            (x,) = next(batches)
+        except StopIteration:  # another epoch
+            batches = iter(loader)
+            (x,) = next(batches)
         total = x.sum()
         dist.all_reduce(total)
         if not a.no_beats:
             relaunch.heartbeat(step)
+            if step == 0:
+                with open(os.path.join(a.out, f"beaten.{attempt}.{rank}"), "w") as f:
+                    f.write(repr(time.time()))
     if rank == 0:
         with open(os.path.join(a.out, f"done.{attempt}"), "w") as f:
             f.write(str(a.steps))
