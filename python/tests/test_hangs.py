@@ -209,3 +209,52 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+STRAGGLING = """
+    import os, time
+    import relaunch
+    rank = int(os.environ["RANK"])
+    run = relaunch.init()
+    # No collective: each rank steps at its own pace; rank 1 at half speed.
+    per_step = 0.2 if rank == 1 else 0.1
+    for step in range(int(16 / per_step)):
+        time.sleep(per_step)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+    run.finish()
+"""
+
+
+def test_a_rank_persistently_slower_than_the_others_is_reported_once_and_charted(
+    tracking_server, tmp_path
+):
+    import textwrap
+
+    worker = tmp_path / "straggling.py"
+    worker.write_text(textwrap.dedent(STRAGGLING))
+    code, console = run(
+        ["--nproc-per-node", "3", "--server", tracking_server.url, "--run-id", "straggle",
+         "--log-dir", tmp_path / "logs", worker],
+        env_with(),
+    )  # fmt: skip
+    assert code == 0, console
+    said = [line for line in console.splitlines() if "is a straggler" in line]
+    assert len(said) == 1, console
+    assert said[0].startswith("relaunch: rank 1 is a straggler: 0.2"), said
+    assert "median of ranks 0-2" in said[0], said
+
+    base = getattr(tracking_server, "read_url", tracking_server.url)
+
+    def get(path: str) -> object:
+        with urllib.request.urlopen(f"{base}/api/v1{path}", timeout=30) as response:
+            return json.load(response)
+
+    events = get("/runs/straggle/events")
+    stragglers = [e for e in events if e["kind"] == "straggler"]
+    assert [e["data"]["rank"] for e in stragglers] == [1], events
+    # Every rank's step time is a system metric, on the launcher's series.
+    for rank, expected in [(0, 0.1), (1, 0.2), (2, 0.1)]:
+        points = get(f"/runs/straggle/series?key=system/step_time_s/rank_{rank}&buckets=100000")
+        values = [p["value"] for p in points["points"]]
+        assert values, (rank, points)
+        assert abs(values[-1] - expected) < expected * 0.3, (rank, values)

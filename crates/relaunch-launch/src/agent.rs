@@ -18,6 +18,7 @@ use crate::keys;
 use crate::logs::LogLayout;
 use crate::report::{self, Failure};
 use crate::signals::Signals;
+use crate::straggler::StepTimes;
 use crate::tracking::{EndKind, Tracker};
 use crate::worker::ExitKind;
 use crate::{Outcome, orphans};
@@ -32,6 +33,10 @@ const SAME_REQUEST: Duration = Duration::from_millis(200);
 /// How long, once every process of the attempt is gone, the launcher reads
 /// what is still buffered of the workers' output.
 const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Beat checks (one a second) between two samples of the ranks' step
+/// times sent to the tracking server.
+const STEP_TIMES_EVERY: u64 = 5;
 
 /// How one attempt ended.
 enum AttemptEnd {
@@ -269,6 +274,7 @@ async fn run_attempts(
                 nodes: place.nodes,
                 hostname,
                 attempt: number,
+                tracker: tracker.as_ref(),
             };
             supervise(config, store, &mut group, signals, remote, out, here).await
         };
@@ -416,6 +422,7 @@ struct Here<'a> {
     hostname: &'a str,
     /// This node's attempt number (its log directory's).
     attempt: u32,
+    tracker: Option<&'a Tracker>,
 }
 
 /// Watches one attempt until it ends.
@@ -438,6 +445,8 @@ async fn supervise(
     };
     // Whether this node took its stacks for a hang another node found.
     let mut stacks_taken = false;
+    let mut step_times = StepTimes::default();
+    let mut ticks: u64 = 0;
     let mut beats = tokio::time::interval(hang::CHECK_EVERY);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -484,6 +493,18 @@ async fn supervise(
                 if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id).await {
                     stacks_taken = true;
                     stacks_for_elsewhere(config, store, group, out, &here, there).await;
+                }
+                let (times, stragglers) = step_times.observe(&ranks, std::time::SystemTime::now());
+                for straggler in stragglers {
+                    let text = straggler.text();
+                    out.notice(format!("relaunch: {text}"));
+                    if let Some(tracker) = here.tracker {
+                        tracker.straggler(&text, &straggler.to_json());
+                    }
+                }
+                ticks += 1;
+                if ticks.is_multiple_of(STEP_TIMES_EVERY) && let Some(tracker) = here.tracker {
+                    tracker.step_times(&times);
                 }
             }
             signal = signals.recv() => {

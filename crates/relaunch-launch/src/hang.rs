@@ -336,6 +336,15 @@ impl HangReport {
             .min_by_key(|r| (sharing(r), last(r)))
     }
 
+    /// The global ranks of `local_ranks` (of this node).
+    fn global_ranks(&self, local_ranks: &[usize]) -> Vec<usize> {
+        self.ranks
+            .iter()
+            .filter(|r| local_ranks.contains(&r.rank.local_rank))
+            .map(|r| r.rank.global_rank)
+            .collect()
+    }
+
     /// One line: who stopped, since when.
     pub fn headline(&self, attempt: u32) -> String {
         let first = self.first();
@@ -345,12 +354,7 @@ impl HangReport {
                 let silent = last
                     .and_then(|l| self.detected.duration_since(l).ok())
                     .unwrap_or_default();
-                let globals: Vec<usize> = self
-                    .ranks
-                    .iter()
-                    .filter(|r| ranks.contains(&r.rank.local_rank))
-                    .map(|r| r.rank.global_rank)
-                    .collect();
+                let globals = self.global_ranks(ranks);
                 format!(
                     "hang in attempt {attempt}: rank {} stopped beating first, {:.0}s ago{}; \
                      no progress from rank(s) {} for {:.0?} (--hang-timeout) on node {} ({})",
@@ -364,12 +368,7 @@ impl HangReport {
                 )
             }
             (Stall::NeverBeat(ranks), _) => {
-                let globals: Vec<usize> = self
-                    .ranks
-                    .iter()
-                    .filter(|r| ranks.contains(&r.rank.local_rank))
-                    .map(|r| r.rank.global_rank)
-                    .collect();
+                let globals = self.global_ranks(ranks);
                 format!(
                     "hang in attempt {attempt}: rank(s) {} made no progress in the {:.0?} after \
                      they started (--startup-timeout) on node {} ({})",

@@ -25,6 +25,7 @@ pub mod rendezvous;
 pub mod report;
 mod signals;
 pub mod stacks;
+pub mod straggler;
 pub mod tracking;
 pub mod worker;
 

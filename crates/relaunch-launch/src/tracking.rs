@@ -265,6 +265,36 @@ impl Tracker {
         self.cause = Some(report.to_owned());
     }
 
+    /// Records a straggler (once per rank and attempt).
+    pub(crate) fn straggler(&self, text: &str, data: &serde_json::Value) {
+        if let Some(run) = self.run() {
+            record(&run, "straggler", text, data);
+        }
+    }
+
+    /// Each rank's step time, as a system metric
+    /// (`system/step_time_s/rank_N`, at the wall clock's milliseconds like
+    /// the other system metrics).
+    pub(crate) fn step_times(&self, times: &[crate::straggler::StepTime]) {
+        let Some(run) = self.run() else { return };
+        if times.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = times
+            .iter()
+            .map(|t| format!("system/step_time_s/rank_{}", t.global_rank))
+            .collect();
+        let pairs: Vec<(&str, f64)> = keys
+            .iter()
+            .zip(times)
+            .map(|(k, t)| (k.as_str(), t.seconds))
+            .collect();
+        let step = i64::try_from(epoch_millis()).unwrap_or(i64::MAX);
+        if let Err(e) = run.log(Some(step), &pairs) {
+            tracing::debug!(error = %e, "cannot spool step times");
+        }
+    }
+
     /// Node 0 records that the workers restart after `why`.
     pub(crate) fn restarting(
         &mut self,
