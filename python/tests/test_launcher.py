@@ -99,6 +99,11 @@ def test_worker_environment_equals_torchruns(launcher, tmp_path):
             "RELAUNCH_STORE",
             "RELAUNCH_LOG_DIR",
             "RELAUNCH_BEAT_FILE",
+            # torch's NCCL flight recorder, for hang reports
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
         }
         for key in set(theirs) - varying:
             assert ours[key] == theirs[key], f"rank {rank} {key}: {ours[key]!r} vs {theirs[key]!r}"

@@ -39,6 +39,24 @@ pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
 pub const TORCHELASTIC_SIGNALS_TO_HANDLE: &str = "TORCHELASTIC_SIGNALS_TO_HANDLE";
 /// NCCL watchdog error handling; `1` unless the caller set it.
 pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+/// torch's NCCL flight recorder, set up for hang reports unless the user set
+/// it (either name): its ring of the last collectives (entries), a dump
+/// when NCCL's watchdog times out, where dumps go (`PREFIX` + rank, in the
+/// rank's log directory), and a pipe (`PREFIX` + rank) whose write asks
+/// for a dump now, which a hang report does. Only NCCL process groups read
+/// them.
+pub const TORCH_NCCL_TRACE_BUFFER_SIZE: &str = "TORCH_NCCL_TRACE_BUFFER_SIZE";
+pub const TORCH_FR_BUFFER_SIZE: &str = "TORCH_FR_BUFFER_SIZE";
+pub const TORCH_NCCL_DUMP_ON_TIMEOUT: &str = "TORCH_NCCL_DUMP_ON_TIMEOUT";
+pub const TORCH_NCCL_DEBUG_INFO_TEMP_FILE: &str = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
+pub const TORCH_FR_DUMP_TEMP_FILE: &str = "TORCH_FR_DUMP_TEMP_FILE";
+pub const TORCH_NCCL_DEBUG_INFO_PIPE_FILE: &str = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE";
+/// Flight recorder entries kept when relaunch sets it up.
+pub const FLIGHT_RECORDER_ENTRIES: &str = "2000";
+/// The names of its dumps and of its pipe in a rank's log directory
+/// (torch appends the rank).
+pub const NCCL_TRACE_PREFIX: &str = "nccl_trace_rank_";
+pub const NCCL_PIPE_PREFIX: &str = "nccl_trace_pipe_";
 /// `1` when unset and a node runs more than one worker, as torchrun does.
 pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 /// relaunch's run id (the same as `TORCHELASTIC_RUN_ID`).
@@ -129,6 +147,27 @@ pub fn worker_env(
             log_dir.join(BEAT_FILE).display().to_string(),
         ),
     ];
+    let unset = |names: &[&str]| names.iter().all(|n| inherited(n).is_none());
+    if unset(&[TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_FR_BUFFER_SIZE]) {
+        env.push((TORCH_NCCL_TRACE_BUFFER_SIZE, FLIGHT_RECORDER_ENTRIES.into()));
+    }
+    if unset(&[TORCH_NCCL_DUMP_ON_TIMEOUT]) {
+        env.push((TORCH_NCCL_DUMP_ON_TIMEOUT, "1".into()));
+    }
+    if unset(&[TORCH_NCCL_DEBUG_INFO_TEMP_FILE, TORCH_FR_DUMP_TEMP_FILE]) {
+        let prefix = log_dir.join(NCCL_TRACE_PREFIX);
+        env.push((
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
+            prefix.display().to_string(),
+        ));
+    }
+    if unset(&[TORCH_NCCL_DEBUG_INFO_PIPE_FILE]) {
+        let prefix = log_dir.join(NCCL_PIPE_PREFIX);
+        env.push((
+            TORCH_NCCL_DEBUG_INFO_PIPE_FILE,
+            prefix.display().to_string(),
+        ));
+    }
     match inherited(OMP_NUM_THREADS) {
         Some(value) => env.push((OMP_NUM_THREADS, value)),
         None if place.local_world_size > 1 => env.push((OMP_NUM_THREADS, "1".into())),
@@ -168,6 +207,41 @@ mod tests {
 
     fn get(env: &[(&str, String)], k: &str) -> Option<String> {
         env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn the_nccl_flight_recorder_is_set_up_unless_the_user_did() {
+        let dir = Path::new("/logs/attempt_0/1");
+        let env = worker_env(&attempt(), place(2), &dir.join("error.json"), dir, |_| None);
+        assert_eq!(
+            get(&env, TORCH_NCCL_TRACE_BUFFER_SIZE).as_deref(),
+            Some("2000")
+        );
+        assert_eq!(get(&env, TORCH_NCCL_DUMP_ON_TIMEOUT).as_deref(), Some("1"));
+        assert_eq!(
+            get(&env, TORCH_NCCL_DEBUG_INFO_TEMP_FILE).as_deref(),
+            Some("/logs/attempt_0/1/nccl_trace_rank_")
+        );
+        assert_eq!(
+            get(&env, TORCH_NCCL_DEBUG_INFO_PIPE_FILE).as_deref(),
+            Some("/logs/attempt_0/1/nccl_trace_pipe_")
+        );
+        // The user's own, under either name, is left alone.
+        let users = |k: &str| {
+            matches!(
+                k,
+                "TORCH_FR_BUFFER_SIZE" | "TORCH_NCCL_DUMP_ON_TIMEOUT" | "TORCH_FR_DUMP_TEMP_FILE"
+            )
+            .then(|| "theirs".to_owned())
+        };
+        let env = worker_env(&attempt(), place(2), &dir.join("error.json"), dir, users);
+        for name in [
+            TORCH_NCCL_TRACE_BUFFER_SIZE,
+            TORCH_NCCL_DUMP_ON_TIMEOUT,
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
+        ] {
+            assert_eq!(get(&env, name), None, "{name}");
+        }
     }
 
     #[test]

@@ -142,6 +142,8 @@ pub struct RankStack {
     pub place: Option<String>,
     /// `stack.txt` in its log directory, once written.
     pub file: Option<PathBuf>,
+    /// The NCCL flight recorder's dumps in its log directory.
+    pub nccl_traces: Vec<PathBuf>,
 }
 
 /// Everything said about one hang.
@@ -172,7 +174,63 @@ pub async fn collect(ranks: Vec<RankBeat>) -> Vec<RankStack> {
     }
     let mut taken: Vec<(usize, RankStack)> = takes.join_all().await;
     taken.sort_by_key(|(i, _)| *i);
-    taken.into_iter().map(|(_, stack)| stack).collect()
+    let mut stacks: Vec<RankStack> = taken.into_iter().map(|(_, stack)| stack).collect();
+    nccl_dumps(&mut stacks).await;
+    stacks
+}
+
+/// How long ranks whose NCCL flight recorder was asked for a dump have to
+/// write it.
+const NCCL_DUMP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Asks each rank's NCCL flight recorder for a dump (a write to the pipe
+/// torch opened for `TORCH_NCCL_DEBUG_INFO_PIPE_FILE`, which `relaunch
+/// run` points into the rank's log directory; only a rank with an NCCL
+/// process group has one), waits for the dumps, and lists every dump in
+/// each rank's directory.
+async fn nccl_dumps(stacks: &mut [RankStack]) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let mut asked = Vec::new();
+    for (i, stack) in stacks.iter().enumerate() {
+        for pipe in entries(&stack.rank.dir, crate::env::NCCL_PIPE_PREFIX) {
+            let fifo = std::fs::metadata(&pipe).is_ok_and(|m| m.file_type().is_fifo());
+            // Non-blocking: a pipe nobody reads (its rank is gone) must
+            // not hang the report.
+            let wrote = fifo
+                && std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(nix::libc::O_NONBLOCK)
+                    .open(&pipe)
+                    .and_then(|mut p| p.write_all(b"1\n"))
+                    .is_ok();
+            if wrote {
+                asked.push(i);
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + NCCL_DUMP_PATIENCE;
+    while !asked.is_empty() && tokio::time::Instant::now() < deadline {
+        asked.retain(|&i| entries(&stacks[i].rank.dir, crate::env::NCCL_TRACE_PREFIX).is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for stack in stacks.iter_mut() {
+        stack.nccl_traces = entries(&stack.rank.dir, crate::env::NCCL_TRACE_PREFIX);
+    }
+}
+
+/// The files in `dir` whose names begin with `prefix`, sorted.
+fn entries(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = read
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
 }
 
 async fn take(rank: RankBeat, py_spy: Option<&Path>) -> RankStack {
@@ -201,6 +259,7 @@ async fn take(rank: RankBeat, py_spy: Option<&Path>) -> RankStack {
         text,
         place,
         file: None,
+        nccl_traces: Vec::new(),
     }
 }
 
@@ -419,7 +478,7 @@ impl HangReport {
                     format!("last beat {:.1}s before", d.as_secs_f64())
                 });
             s.push_str(&format!(
-                "  rank {} (local rank {}, pid {}): {last}{}; stacks by {}{}\n",
+                "  rank {} (local rank {}, pid {}): {last}{}; stacks by {}{}{}\n",
                 r.rank.global_rank,
                 r.rank.local_rank,
                 r.rank.pid,
@@ -427,7 +486,11 @@ impl HangReport {
                 r.method.name(),
                 r.file
                     .as_ref()
-                    .map_or(String::new(), |f| format!(" in {}", f.display()))
+                    .map_or(String::new(), |f| format!(" in {}", f.display())),
+                match r.nccl_traces.len() {
+                    0 => String::new(),
+                    n => format!("; {n} NCCL flight recorder dump(s) beside it"),
+                }
             ));
         }
         if self.silent_nodes > 0 {
@@ -483,6 +546,7 @@ impl HangReport {
                 "where": r.place,
                 "stacks_by": r.method.name(),
                 "stack_file": r.file.as_ref().map(|f| f.display().to_string()),
+                "nccl_traces": r.nccl_traces.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         })
     }
@@ -592,6 +656,7 @@ mod tests {
             text: String::new(),
             place: Some(place.to_owned()),
             file: None,
+            nccl_traces: Vec::new(),
         };
         let report = HangReport {
             stall: Stall::Silent(vec![0, 1, 2]),
