@@ -198,8 +198,15 @@ def test_on_two_nodes_every_node_takes_its_stacks_before_anything_is_stopped(tmp
     assert "stuck_loading_a_batch" in by_rank[3][1]["where"]
     for rank in (0, 1, 2):
         assert "all_reduce" in by_rank[rank][1]["where"], by_rank[rank]
-    # Each report holds its own node's ranks (they are not merged into one).
     assert [r["kind"] for r in reports] == ["elsewhere", "silent"], reports
+    # Node 1's report, where the hang was found, takes in node 0's ranks
+    # too: rank 3 is named, stuck where no other rank is.
+    found = reports[1]
+    assert sorted(r["rank"] for r in found["other_nodes_ranks"]) == [0, 1], found
+    assert found["first_rank"] == 3, found
+    groups = {g["ranks"]: g["where"] for g in found["groups"]}
+    assert set(groups) == {"0-2", "3"}, groups
+    assert "all_reduce" in groups["0-2"] and "stuck_loading_a_batch" in groups["3"], groups
     assert "found the job hung" in consoles[0] or "hang found on another node" in consoles[0]
 
 

@@ -566,6 +566,7 @@ async fn hung(
         hostname: here.hostname.to_owned(),
         ranks: Vec::new(),
         silent_nodes: 0,
+        others: Vec::new(),
         file: None,
     };
     // Two nodes may find the same hang at once: the first to set the key
@@ -585,16 +586,21 @@ async fn hung(
         }
     }
     report.ranks = hang::collect(ranks).await;
+    if let Some(dir) = group.attempt_dir() {
+        report.write(dir, here.attempt);
+    }
     if here.nodes > 1 {
         if first {
             report.silent_nodes =
                 wait_for_other_stacks(store, &config.run_id, here.nodes - 1).await;
+            report.others = other_nodes_ranks(store, &config.run_id, here).await;
+            // Again, with every node's ranks.
+            if let Some(dir) = group.attempt_dir() {
+                report.write(dir, here.attempt);
+            }
         } else {
-            count_my_stacks(store, &config.run_id).await;
+            count_my_stacks(store, &config.run_id, here.node_rank, &report).await;
         }
-    }
-    if let Some(dir) = group.attempt_dir() {
-        report.write(dir, here.attempt);
     }
     announce(
         store,
@@ -678,17 +684,56 @@ async fn stacks_for_elsewhere(
         hostname: here.hostname.to_owned(),
         ranks: hang::collect(group.beats()).await,
         silent_nodes: 0,
+        others: Vec::new(),
         file: None,
     };
     if let Some(dir) = group.attempt_dir() {
         report.write(dir, here.attempt);
     }
     out.notice(report.render(here.attempt));
-    count_my_stacks(store, &config.run_id).await;
+    count_my_stacks(store, &config.run_id, here.node_rank, &report).await;
 }
 
-/// Tells the node that found the hang that this node's stacks are taken.
-async fn count_my_stacks(store: &JobStore, run_id: &str) {
+/// The other nodes' ranks, as each published them with its stacks (those
+/// that did not are left out: `silent_nodes` counts them).
+async fn other_nodes_ranks(store: &JobStore, run_id: &str, here: &Here<'_>) -> Vec<hang::Summary> {
+    let mut others = Vec::new();
+    for node in (0..here.nodes).filter(|n| *n != here.node_rank) {
+        let key = keys::hang_ranks(run_id, node);
+        let read = async {
+            if store.client.check(&[&key]).await? {
+                store.client.get_now(&key).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let value = match tokio::time::timeout(Duration::from_secs(2), read).await {
+            Ok(Ok(Some(value))) => value,
+            Ok(Ok(None)) | Err(_) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(node, error = %e, "cannot read a node's ranks for the hang report");
+                continue;
+            }
+        };
+        match serde_json::from_slice::<Vec<serde_json::Value>>(&value) {
+            Ok(ranks) => others.extend(ranks.iter().filter_map(hang::Summary::from_json)),
+            Err(e) => {
+                tracing::warn!(node, error = %e, "a node's ranks for the hang report are not JSON")
+            }
+        }
+    }
+    others
+}
+
+/// Publishes this node's ranks and tells the node that found the hang that
+/// this node's stacks are taken.
+async fn count_my_stacks(store: &JobStore, run_id: &str, node: usize, report: &HangReport) {
+    let set = store
+        .client
+        .set(keys::hang_ranks(run_id, node), report.published());
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), set).await {
+        tracing::warn!(error = %e, "cannot publish this node's ranks for the hang report");
+    }
     let add = store.client.add(keys::hang_stacks_taken(run_id), 1);
     match tokio::time::timeout(Duration::from_secs(2), add).await {
         Ok(Ok(_)) => {}

@@ -159,6 +159,9 @@ pub struct HangReport {
     /// Other nodes that did not take their stacks in time when this node
     /// found the hang: stopped, cut off, or their launcher is gone.
     pub silent_nodes: usize,
+    /// The other nodes' ranks, as they published them (the node that
+    /// found the hang reads them once they took their stacks).
+    pub others: Vec<Summary>,
     /// `hang.json`, once written.
     pub file: Option<PathBuf>,
 }
@@ -359,33 +362,106 @@ fn kill_realtime(pid: Pid, number: i32) -> nix::Result<()> {
     nix::errno::Errno::result(result).map(drop)
 }
 
+/// One rank as a report weighs it: this node's, or another node's as that
+/// node published it in the store (`workers/hang_ranks/NODE`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub rank: usize,
+    pub node_rank: usize,
+    pub host: String,
+    pub last: Option<SystemTime>,
+    pub step: Option<i64>,
+    pub place: Option<String>,
+    pub stacks_by: String,
+    pub stack_file: Option<String>,
+}
+
+fn secs(t: Option<SystemTime>) -> Option<f64> {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64())
+}
+
+impl Summary {
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "rank": self.rank,
+            "node_rank": self.node_rank,
+            "host": self.host,
+            "last_beat": secs(self.last),
+            "last_step": self.step,
+            "where": self.place,
+            "stacks_by": self.stacks_by,
+            "stack_file": self.stack_file,
+        })
+    }
+
+    /// What [`to_json`](Self::to_json) wrote; `None` if it is not that.
+    pub fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let text = |k: &str| value[k].as_str().map(str::to_owned);
+        Some(Self {
+            rank: usize::try_from(value["rank"].as_u64()?).ok()?,
+            node_rank: usize::try_from(value["node_rank"].as_u64()?).ok()?,
+            host: text("host")?,
+            last: value["last_beat"]
+                .as_f64()
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .map(|d| UNIX_EPOCH + d),
+            step: value["last_step"].as_i64(),
+            place: text("where"),
+            stacks_by: text("stacks_by")?,
+            stack_file: text("stack_file"),
+        })
+    }
+
+    fn step_text(&self) -> String {
+        self.step
+            .map_or(String::new(), |s| format!(", at step {s}"))
+    }
+}
+
 impl HangReport {
-    /// The rank that stopped beating first: the one with the earliest last
-    /// beat (of those that never beat, for a start-up stall). Ranks that stop at the same step stop
-    /// within moments of each other (the others wait for the culprit in a
-    /// collective), so among those within [`SAME_MOMENT`] of the earliest,
-    /// it is the one stuck where the fewest others are.
-    pub fn first(&self) -> Option<&RankStack> {
-        let last = |r: &RankStack| r.rank.state.and_then(|s| s.last).unwrap_or(UNIX_EPOCH);
+    /// This node's ranks, then the other nodes'.
+    pub fn summaries(&self) -> Vec<Summary> {
+        let mut all: Vec<Summary> = self
+            .ranks
+            .iter()
+            .map(|r| Summary {
+                rank: r.rank.global_rank,
+                node_rank: self.node_rank,
+                host: self.hostname.clone(),
+                last: r.rank.state.and_then(|s| s.last),
+                step: r.rank.state.and_then(|s| s.step),
+                place: r.place.clone(),
+                stacks_by: r.method.name().to_owned(),
+                stack_file: r.file.as_ref().map(|f| f.display().to_string()),
+            })
+            .collect();
+        all.extend(self.others.iter().cloned());
+        all
+    }
+
+    /// The rank that stopped beating first, of every node whose ranks are
+    /// known here: the one with the earliest last beat (of this node's
+    /// that never beat, for a start-up stall). Ranks that stop at the same
+    /// step stop within moments of each other (the others wait for the
+    /// culprit in a collective), so among those within [`SAME_MOMENT`] of
+    /// the earliest, it is the one stuck where the fewest others are.
+    pub fn first(&self) -> Option<Summary> {
+        let all = self.summaries();
+        let last = |r: &Summary| r.last.unwrap_or(UNIX_EPOCH);
         // Every rank that has beaten, not only those past the timeout at
         // this check: the culprit may be a few milliseconds short of it.
-        let candidates: Vec<&RankStack> = match &self.stall {
+        let candidates: Vec<&Summary> = match &self.stall {
             Stall::Elsewhere(_) => return None,
-            Stall::Silent(_) => self
-                .ranks
-                .iter()
-                .filter(|r| r.rank.state.is_some_and(|s| s.last.is_some()))
-                .collect(),
-            Stall::NeverBeat(stalled) => self
-                .ranks
-                .iter()
-                .filter(|r| stalled.contains(&r.rank.local_rank))
-                .collect(),
+            Stall::Silent(_) => all.iter().filter(|r| r.last.is_some()).collect(),
+            Stall::NeverBeat(_) => {
+                let stalled = self.global_ranks(self.stalled());
+                all.iter().filter(|r| stalled.contains(&r.rank)).collect()
+            }
         };
         let earliest = candidates.iter().map(|r| last(r)).min()?;
-        let sharing = |r: &RankStack| {
-            self.ranks
-                .iter()
+        let sharing = |r: &Summary| {
+            all.iter()
                 .filter(|o| o.place.is_some() && o.place == r.place)
                 .count()
         };
@@ -393,6 +469,14 @@ impl HangReport {
             .into_iter()
             .filter(|r| last(r) <= earliest + SAME_MOMENT)
             .min_by_key(|r| (sharing(r), last(r)))
+            .cloned()
+    }
+
+    fn stalled(&self) -> &[usize] {
+        match &self.stall {
+            Stall::Silent(r) | Stall::NeverBeat(r) => r,
+            Stall::Elsewhere(_) => &[],
+        }
     }
 
     /// The global ranks of `local_ranks` (of this node).
@@ -404,39 +488,54 @@ impl HangReport {
             .collect()
     }
 
+    /// Ranks grouped by where they are, of every node known here.
+    fn groups(&self) -> Vec<(String, String)> {
+        let places: Vec<(usize, String)> = self
+            .summaries()
+            .into_iter()
+            .map(|r| {
+                let place = r
+                    .place
+                    .unwrap_or_else(|| format!("unknown (no stack: {})", r.stacks_by));
+                (r.rank, place)
+            })
+            .collect();
+        stacks::group(&places)
+    }
+
     /// One line: who stopped, since when.
     pub fn headline(&self, attempt: u32) -> String {
-        let first = self.first();
-        match (&self.stall, first) {
+        match (&self.stall, self.first()) {
             (Stall::Silent(ranks), Some(first)) => {
-                let last = first.rank.state.and_then(|s| s.last);
-                let silent = last
+                let silent = first
+                    .last
                     .and_then(|l| self.detected.duration_since(l).ok())
                     .unwrap_or_default();
-                let globals = self.global_ranks(ranks);
+                let elsewhere = if first.node_rank == self.node_rank {
+                    String::new()
+                } else {
+                    format!(" (node {}, {})", first.node_rank, first.host)
+                };
                 format!(
-                    "hang in attempt {attempt}: rank {} stopped beating first, {:.0}s ago{}; \
-                     no progress from rank(s) {} for {:.0?} (--hang-timeout) on node {} ({})",
-                    first.rank.global_rank,
+                    "hang in attempt {attempt}: rank {}{elsewhere} stopped beating first, {:.0}s \
+                     ago{}; no progress from rank(s) {} for {:.0?} (--hang-timeout) on node {} ({})",
+                    first.rank,
                     silent.as_secs_f64(),
-                    step_text(first),
-                    stacks::ranks_text(&globals),
+                    first.step_text(),
+                    stacks::ranks_text(&self.global_ranks(ranks)),
                     self.timeout.unwrap_or_default(),
                     self.node_rank,
                     self.hostname
                 )
             }
-            (Stall::NeverBeat(ranks), _) => {
-                let globals = self.global_ranks(ranks);
-                format!(
-                    "hang in attempt {attempt}: rank(s) {} made no progress in the {:.0?} after \
-                     they started (--startup-timeout) on node {} ({})",
-                    stacks::ranks_text(&globals),
-                    self.startup.unwrap_or_default(),
-                    self.node_rank,
-                    self.hostname
-                )
-            }
+            (Stall::NeverBeat(ranks), _) => format!(
+                "hang in attempt {attempt}: rank(s) {} made no progress in the {:.0?} after they \
+                 started (--startup-timeout) on node {} ({})",
+                stacks::ranks_text(&self.global_ranks(ranks)),
+                self.startup.unwrap_or_default(),
+                self.node_rank,
+                self.hostname
+            ),
             (Stall::Silent(_), None) => format!("hang in attempt {attempt}"),
             (Stall::Elsewhere(there), _) => format!(
                 "stacks of node {} ({}) for a hang found on another node: {there}",
@@ -445,22 +544,11 @@ impl HangReport {
         }
     }
 
-    /// The console's text: the headline, the ranks grouped by where they
-    /// are, and where the stacks are.
+    /// The console's text: the headline, the ranks of every node known
+    /// here grouped by where they are, and where the stacks are.
     pub fn render(&self, attempt: u32) -> String {
         let mut s = format!("relaunch: {}\n", self.headline(attempt));
-        let places: Vec<(usize, String)> = self
-            .ranks
-            .iter()
-            .map(|r| {
-                let place = r
-                    .place
-                    .clone()
-                    .unwrap_or_else(|| format!("unknown (no stack: {})", r.method.name()));
-                (r.rank.global_rank, place)
-            })
-            .collect();
-        for (ranks, place) in stacks::group(&places) {
+        for (ranks, place) in self.groups() {
             let plural = if ranks.contains(['-', ',']) {
                 "ranks"
             } else {
@@ -493,6 +581,25 @@ impl HangReport {
                 }
             ));
         }
+        let mut nodes: Vec<(usize, &str)> = self
+            .others
+            .iter()
+            .map(|o| (o.node_rank, o.host.as_str()))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for (node, host) in nodes {
+            let ranks: Vec<usize> = self
+                .others
+                .iter()
+                .filter(|o| o.node_rank == node)
+                .map(|o| o.rank)
+                .collect();
+            s.push_str(&format!(
+                "  node {node} ({host}): rank(s) {}, stacks in its own log directory\n",
+                stacks::ranks_text(&ranks)
+            ));
+        }
         if self.silent_nodes > 0 {
             s.push_str(&format!(
                 "  {} other node(s) did not take their ranks' stacks in time: stopped, cut off, \
@@ -509,16 +616,6 @@ impl HangReport {
 
     /// `hang.json` and the tracking event's data.
     pub fn to_json(&self, attempt: u32) -> serde_json::Value {
-        let secs = |t: Option<SystemTime>| {
-            t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_secs_f64())
-        };
-        let first = self.first().map(|r| r.rank.global_rank);
-        let places: Vec<(usize, String)> = self
-            .ranks
-            .iter()
-            .filter_map(|r| Some((r.rank.global_rank, r.place.clone()?)))
-            .collect();
         json!({
             "attempt": attempt,
             "kind": match self.stall {
@@ -531,9 +628,9 @@ impl HangReport {
             "startup_timeout_s": self.startup.map(|t| t.as_secs_f64()),
             "node_rank": self.node_rank,
             "host": self.hostname,
-            "first_rank": first,
+            "first_rank": self.first().map(|r| r.rank),
             "silent_nodes": self.silent_nodes,
-            "groups": stacks::group(&places).into_iter()
+            "groups": self.groups().into_iter()
                 .map(|(ranks, place)| json!({"ranks": ranks, "where": place}))
                 .collect::<Vec<_>>(),
             "ranks": self.ranks.iter().map(|r| json!({
@@ -548,7 +645,19 @@ impl HangReport {
                 "stack_file": r.file.as_ref().map(|f| f.display().to_string()),
                 "nccl_traces": r.nccl_traces.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
+            "other_nodes_ranks": self.others.iter().map(Summary::to_json).collect::<Vec<_>>(),
         })
+    }
+
+    /// This node's ranks as the other nodes' reports take them in.
+    pub fn published(&self) -> String {
+        let local: Vec<serde_json::Value> = self
+            .summaries()
+            .iter()
+            .filter(|r| r.node_rank == self.node_rank)
+            .map(Summary::to_json)
+            .collect();
+        serde_json::Value::Array(local).to_string()
     }
 
     /// Writes each rank's `stack.txt` and the attempt's `hang.json`
@@ -671,17 +780,57 @@ mod tests {
                 stack(rank(2, Some(31), now), "in all_reduce, train.py:88"),
             ],
             silent_nodes: 0,
+            others: Vec::new(),
             file: None,
         };
-        assert_eq!(report.first().unwrap().rank.global_rank, 5);
+        assert_eq!(report.first().unwrap().rank, 5);
         // Stopped at the same moment: the one stuck where the others are
         // not is named.
         let mut tie = report.clone();
         tie.ranks[1].rank = rank(1, Some(31), now);
-        assert_eq!(tie.first().unwrap().rank.global_rank, 5);
+        assert_eq!(tie.first().unwrap().rank, 5);
         tie.ranks[1].place = Some("in all_reduce, train.py:88".into());
         tie.ranks[0].place = Some("in load, data.py:9".into());
-        assert_eq!(tie.first().unwrap().rank.global_rank, 4);
+        assert_eq!(tie.first().unwrap().rank, 4);
+        // Another node's ranks count: its rank 9, stuck where no other
+        // rank is, stopped at the same moment as this node's three, which
+        // all wait in all_reduce.
+        let mut merged = report.clone();
+        merged.ranks[1].place = Some("in all_reduce, train.py:88".into());
+        merged.ranks[1].rank = rank(1, Some(31), now);
+        let other = Summary {
+            rank: 9,
+            node_rank: 2,
+            host: "node2".into(),
+            // Whole seconds: what survives the JSON exactly.
+            last: Some(
+                UNIX_EPOCH
+                    + Duration::from_secs(
+                        (now - Duration::from_secs(31))
+                            .duration_since(UNIX_EPOCH)
+                            .unwrap()
+                            .as_secs(),
+                    ),
+            ),
+            step: Some(69),
+            place: Some("in stuck_loading, train.py:23".into()),
+            stacks_by: "py-spy".into(),
+            stack_file: None,
+        };
+        assert_eq!(Summary::from_json(&other.to_json()), Some(other.clone()));
+        merged.others = vec![other];
+        assert_eq!(merged.first().unwrap().rank, 9);
+        let text = merged.render(2);
+        assert!(
+            text.contains("rank 9 (node 2, node2) stopped beating first"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ranks 4-6: in all_reduce, train.py:88"),
+            "{text}"
+        );
+        assert!(text.contains("node 2 (node2): rank(s) 9"), "{text}");
+        assert_eq!(merged.to_json(2)["other_nodes_ranks"][0]["rank"], 9);
         let text = report.render(2);
         assert!(
             text.contains("rank 5 stopped beating first, 45s ago, at step 55"),

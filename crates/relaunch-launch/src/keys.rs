@@ -71,6 +71,12 @@ pub fn hang(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/hang")
 }
 
+/// Node `node`'s ranks for a hang report (JSON, `hang::Summary`), set
+/// before it counts itself in [`hang_stacks_taken`].
+pub fn hang_ranks(run_id: &str, node: usize) -> String {
+    format!("relaunch/{run_id}/workers/hang_ranks/{node}")
+}
+
 /// How many other nodes have taken their stacks after [`hang`].
 pub fn hang_stacks_taken(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/hang_stacks_taken")
