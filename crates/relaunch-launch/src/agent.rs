@@ -45,7 +45,7 @@ enum AttemptEnd {
     Failed {
         failures: Vec<Failure>,
         remote: Option<RemoteEvent>,
-        hang: Option<HangReport>,
+        hang: Option<Box<HangReport>>,
     },
     /// A signal told the job to stop; `failures` are the workers that did
     /// not then exit with code 0.
@@ -488,7 +488,7 @@ async fn supervise(
                 // follows ends the attempt.
                 if !stacks_taken && let Some(stall) = watch.check(&ranks, std::time::SystemTime::now()) {
                     let report = hung(config, store, group, out, &here, stall, ranks).await;
-                    return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(report) };
+                    return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(Box::new(report)) };
                 }
                 if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id).await {
                     stacks_taken = true;
