@@ -216,6 +216,41 @@ run.finish(timeout=30)
   assert.deepEqual(w.errors, []);
 });
 
+test('a hang: its report among the run\'s events, every rank\'s step time charted', async (t) => {
+  const w = await World.start(t);
+  const script = join(w.dir, 'hang.py');
+  writeFileSync(script, `
+import os, time
+import relaunch
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+rank = int(os.environ["RANK"])
+run = relaunch.init()
+for s in range(80):
+    if attempt == 0 and rank == 1 and s == 30:
+        run.flush(timeout=30)
+        time.sleep(3600)  # stuck: no more beats
+    run.log({"loss": 1.0 / (s + 1)}, step=s)
+    time.sleep(0.1)
+run.finish(timeout=30)
+`);
+  const job = w.spawn(RELAUNCH, ['run', '--server', w.clientUrl, '--project', 'hangs', '--run-id', 'hung1',
+    '--nproc-per-node', '2', '--max-restarts', '1', '--hang-timeout', '2', '--system-metrics-interval', '1',
+    '--tracking-dir', join(w.dir, 'client'), script], { env: w.env({ PYTHON_EXEC: PYTHON, RELAUNCH_PY_SPY: 'off' }) });
+  await until(() => job.exitCode !== null, `the job to end (output: ${job.output.slice(-2000)})`, 120000);
+  assert.equal(job.exitCode, 0, job.output.slice(-3000));
+  const page = await w.page();
+  await page.goto(`${w.url}/runs/hung1`);
+  await page.click('nav.tabs a[data-tab=events]');
+  const hang = await page.waitForSelector('li.event[data-kind=hang]', { timeout: 20000 });
+  assert.match(await hang.textContent(), /stopped beating first/);
+  assert.ok(await page.$('li.event[data-kind=hang] details[open]'), 'the report is open, like a failure');
+  await w.screenshot(page, 'run-hang');
+  await page.click('nav.tabs a[data-tab=system]');
+  await page.waitForSelector('.chart[data-key="system/step_time_s/rank_0"]', { timeout: 20000 });
+  assert.ok(await page.$('.chart[data-key="system/step_time_s/rank_1"]'));
+  assert.deepEqual(w.errors, []);
+});
+
 test('files and checkpoints are listed with sizes and download', async (t) => {
   const w = await World.start(t);
   const src = join(w.dir, 'notes.txt');
