@@ -502,6 +502,10 @@ async fn supervise(
                         tracker.straggler(&text, &straggler.to_json());
                     }
                 }
+                let reaped = orphans::reap_exited(&group.pids());
+                if reaped > 0 {
+                    tracing::debug!(reaped, "reaped exited orphans of the workers");
+                }
                 ticks += 1;
                 if ticks.is_multiple_of(STEP_TIMES_EVERY) && let Some(tracker) = here.tracker {
                     tracker.step_times(&times);

@@ -127,6 +127,36 @@ pub(crate) fn kill_and_reap(workers: &[Pid]) {
     }
 }
 
+/// Reaps every child of this process, not in `workers`, that has already
+/// exited (a zombie): orphans of the workers' descendants, reparented here
+/// while the attempt runs. As PID 1 of a container this is what keeps the
+/// process table clean; as a subreaper, the same. Live processes are left
+/// alone (they are stopped at the attempt's end), and only zombies are
+/// waited for, so no other waiter's child is taken. Returns how many.
+pub(crate) fn reap_exited(workers: &[Pid]) -> usize {
+    let me = nix::unistd::getpid();
+    children_of(me)
+        .into_iter()
+        .filter(|pid| !workers.contains(pid) && state_of(pid.as_raw()) == Some('Z'))
+        .filter(|&pid| {
+            !matches!(
+                waitpid(pid, Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::StillAlive) | Err(_)
+            )
+        })
+        .count()
+}
+
+/// The state letter from `/proc/PID/stat` (`R`, `S`, `Z`, ...).
+fn state_of(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
 /// Processes whose parent is `parent`, from `/proc`.
 fn children_of(parent: Pid) -> Vec<Pid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -152,8 +182,37 @@ fn parent_of(pid: i32) -> Option<i32> {
 mod tests {
     use super::*;
 
+    /// These tests reap and kill every child of the test process: one at a
+    /// time.
+    static CHILDREN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn an_exited_orphan_is_reaped_and_a_live_one_is_not() {
+        let _one = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = std::process::Command::new("true").spawn().unwrap();
+        let mut live = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let done_pid = Pid::from_raw(done.id() as i32);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while state_of(done_pid.as_raw()) != Some('Z') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(state_of(done_pid.as_raw()), Some('Z'));
+        let live_pid = Pid::from_raw(live.id() as i32);
+        // The live one is a "worker" here or not: never touched while alive.
+        assert_eq!(reap_exited(&[]), 1);
+        assert_eq!(state_of(done_pid.as_raw()), None, "reaped");
+        assert!(done.try_wait().is_err(), "its status went to the reaper");
+        assert_eq!(live.try_wait().unwrap(), None, "still running, still ours");
+        let _ = nix::sys::signal::kill(live_pid, Signal::SIGKILL);
+        live.wait().unwrap();
+    }
+
     #[test]
     fn finds_a_child_and_its_parent() {
+        let _one = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
