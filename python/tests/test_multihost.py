@@ -78,7 +78,9 @@ def steps(out: Path) -> list[dict]:
     for path in sorted(out.glob("steps.*.jsonl")):
         for line in path.read_text().splitlines():
             if line.endswith("}"):  # a line still being written is skipped
-                records.append(json.loads(line))
+                record = json.loads(line)
+                if "start" in record:  # not a {"stopped": ...} line
+                    records.append(record)
     return records
 
 
@@ -143,7 +145,10 @@ def test_a_static_job_on_three_hosts_equals_one_host(hosts, tmp_path):
 def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, tmp_path):
     """``--nnodes 2:3``; host 2's link goes down mid-run. The two others
     leave it out and train on; when its link is back, its launcher rejoins
-    and the job ends in a world of three, every launcher exiting 0."""
+    and the job ends in a world of three, every launcher exiting 0. Every
+    round is an attempt of its own (``RELAUNCH_ATTEMPT``, the number the
+    tracking run gives it), though only the round without host 2 is a
+    restart (``TORCHELASTIC_RESTART_COUNT``, torchrun's count)."""
     out = tmp_path / "out"
     out.mkdir()
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
@@ -180,6 +185,18 @@ def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, 
     assert phases == [(3, {"h0", "h1", "h2"}), (2, {"h0", "h1"}), (3, {"h0", "h1", "h2"})], seen
     final = torch.load(out / "final.pt", weights_only=True)
     assert final["world"] == 3 and final["step"] >= 40, final["step"]
+
+    # One RELAUNCH_ATTEMPT per attempt, growing from one to the next.
+    ids: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for r in steps(out):
+        ids[r["start"]].add((r["attempt"], r["restarts"]))
+    per_attempt = [ids[start] for start in sorted(ids)]
+    assert all(len(seen) == 1 for seen in per_attempt), per_attempt
+    attempts = [next(iter(seen)) for seen in per_attempt]
+    numbers = [attempt for attempt, _ in attempts]
+    assert numbers == sorted(set(numbers)) and numbers[0] == 0, attempts
+    # Losing host 2 is a restart; readmitting it is not.
+    assert attempts[0][1] == 0 and attempts[-1][1] == attempts[-2][1] >= 1, attempts
 
 
 @pytest.mark.hosts(4)

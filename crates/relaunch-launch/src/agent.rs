@@ -247,6 +247,7 @@ async fn run_attempts(
             role: config.role.clone(),
             master_addr: store.addr.clone(),
             master_port: store.port,
+            attempt: attempt_id,
             restart_count: attempt.restarts,
             max_restarts: config.max_restarts,
             run_id: config.run_id.clone(),
