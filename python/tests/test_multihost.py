@@ -240,6 +240,39 @@ def test_a_standalone_store_outlives_node_0(hosts, tmp_path):
     assert store.poll() is None
 
 
+def test_a_store_lost_with_node_0_ends_the_job_with_a_clear_message(hosts, tmp_path):
+    """The store hosted by node 0's launcher (the first on the endpoint's
+    host); node 0's host is cut off. The others cannot go on without their
+    store: they stop their workers and exit non-zero, saying which store is
+    unreachable and how to have one that outlives any node, once they gave
+    the store ``read_timeout`` (60 s) to answer again, instead of waiting
+    out the store client's own timeout (10 minutes)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "lost-store", *ELASTIC,
+            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
+        )
+        for h in hosts
+    ]  # fmt: skip
+    wait_for(
+        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
+        120,
+        "three hosts training",
+    )
+    hosts[0].cut()
+    codes = [la.wait(timeout=180) for la in launchers[1:]]
+    assert all(code not in (0, None) for code in codes), report(launchers)
+    for la in launchers[1:]:
+        assert f"store at {endpoint} is unreachable" in la.stderr, report(launchers)
+        assert "relaunch store serve" in la.stderr, report(launchers)
+        # Its workers were stopped, not left behind.
+        assert not la.host.pids(), report(launchers)
+
+
 HANG_WORKER = HERE / "workers" / "hang_collective.py"
 
 
