@@ -273,6 +273,67 @@ def test_a_store_lost_with_node_0_ends_the_job_with_a_clear_message(hosts, tmp_p
         assert not la.host.pids(), report(launchers)
 
 
+def unsent_to(host: netns.Host, peer: str) -> int:
+    """Bytes that ``host``'s sockets to ``peer`` (HOST:PORT) still hold
+    unacknowledged (``ss``'s Send-Q), closed sockets included."""
+    listing = host.run(
+        ["ss", "-tnH", "state", "all", "dst", peer], capture_output=True, text=True, check=True
+    ).stdout
+    return sum(int(line.split()[2]) for line in listing.splitlines() if line.strip())
+
+
+def test_a_host_back_from_a_cut_does_not_fail_the_survivors_attempt(hosts, tmp_path):
+    """Host 2's worker fails while host 2 is cut off, so its launcher's
+    notice of the failure (the key ``relaunch.preemption`` and the
+    Checkpointer read) goes into a link that delivers nothing; hosts 0 and 1
+    go on without host 2. When the link is back, TCP delivers what host 2
+    had queued, late, into the survivors' attempt: that must not mark their
+    attempt failed. A stop request then ends their ranks cleanly at one
+    agreed step (both launchers exit 75), not as failed ranks."""
+    import signal as _signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "late-failure", *ELASTIC,
+            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
+            "--preemption", "--fail-file",
+        )
+        for h in hosts
+    ]  # fmt: skip
+    wait_for(
+        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
+        120,
+        "three hosts training",
+    )
+    hosts[2].cut()
+    (out / "fail.h2").touch()
+    wait_for(lambda: any(r["world"] == 2 for r in steps(out)), 120, "the two survivors training")
+    # Host 2 stays out (frozen, so it does not rejoin), but its kernel still
+    # sends what its launcher queued before.
+    for pid in hosts[2].pids():
+        os.kill(pid, _signal.SIGSTOP)
+    hosts[2].restore()
+    wait_for(lambda: unsent_to(hosts[2], endpoint) == 0, 180, "host 2's queued bytes delivered")
+    trained = len(steps(out))
+    wait_for(lambda: len(steps(out)) > trained + 4, 60, "the survivors training on")
+    launchers[0].proc.send_signal(_signal.SIGTERM)
+    codes = [la.wait(timeout=120) for la in launchers[:2]]
+    assert codes == [75, 75], report(launchers[:2])
+    for la in launchers[:2]:
+        assert "after a failure in this attempt" not in la.stderr + la.out.read_text()
+    stops = [
+        json.loads(line)
+        for p in out.glob("steps.h[01].*")
+        for line in p.read_text().splitlines()
+        if "stopped" in line
+    ]
+    assert len(stops) == 2 and len({s["stopped"] for s in stops}) == 1, stops
+
+
 HANG_WORKER = HERE / "workers" / "hang_collective.py"
 
 
