@@ -16,11 +16,15 @@ from relaunch.errors import CheckpointError
 # Environment the launchers set (crates/relaunch-launch/src/env.rs).
 ENV_STORE = "RELAUNCH_STORE"
 ENV_RUN_ID = "RELAUNCH_RUN_ID"
+ENV_ATTEMPT = "RELAUNCH_ATTEMPT"
 
-# Set by `relaunch run` as soon as a worker of the current attempt fails, before
-# it stops the others: text naming the rank and how it ended (raw key; the
-# launcher deletes worker keys between attempts).
-FAILED_KEY = "relaunch/{run_id}/workers/failed"
+# Set by `relaunch run` as soon as a worker of attempt ATTEMPT
+# (RELAUNCH_ATTEMPT) fails, before it stops the others: text naming the rank and
+# how it ended (raw key; the launcher deletes worker keys between attempts).
+# Named by the attempt, so that a launcher's late notice (from a node cut off
+# from the store, say) never marks a later attempt failed
+# (crates/relaunch-launch/src/keys.rs).
+FAILED_KEY = "relaunch/{run_id}/workers/failed/{attempt}"
 
 # How often a wait for other ranks wakes to look at FAILED_KEY: a rank waiting
 # for one that died gives up within this, not after `timeout`.
@@ -30,7 +34,8 @@ PEER_CHECK_INTERVAL = 0.5
 def failed_key() -> str | None:
     """The key `relaunch run` sets when a worker fails, or None outside it."""
     run_id = os.environ.get(ENV_RUN_ID, "").strip()
-    return FAILED_KEY.format(run_id=run_id) if run_id else None
+    attempt = os.environ.get(ENV_ATTEMPT, "").strip()
+    return FAILED_KEY.format(run_id=run_id, attempt=attempt) if run_id and attempt else None
 
 
 def _stop_requested() -> bool:

@@ -363,7 +363,7 @@ class Checkpointer:
     - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
     - ``timeout``: seconds to wait for the other ranks at each stage of a save.
       Under ``relaunch run`` a rank stops waiting within a second of another
-      rank's failure (the launcher's ``relaunch/RUN/workers/failed`` key) and
+      rank's failure (the launcher's ``relaunch/RUN/workers/failed/ATTEMPT`` key) and
       raises :class:`CheckpointError` naming it.
     - ``ship``: upload each committed checkpoint to the tracking server in the
       background (``relaunch ckpt pull`` brings it back); by default when

@@ -25,7 +25,7 @@ Outside ``relaunch run`` (no store), :func:`reached` returns True at the
 first step after a signal.
 
 A SIGTERM that follows a failure is not a stop request: when a worker of
-the attempt fails, the launcher sets ``relaunch/RUN/workers/failed`` and
+the attempt fails, the launcher sets ``relaunch/RUN/workers/failed/ATTEMPT`` and
 then sends SIGTERM to the others. The handler sees that key and ends the
 rank by the signal at once, as it would have ended without this module,
 so the restart waits on no one (no checkpoint can be agreed with a dead

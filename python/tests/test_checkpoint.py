@@ -676,8 +676,9 @@ def test_a_rank_waiting_for_a_dead_one_raises_once_the_launcher_marks_the_failur
     preempted: bool,
 ) -> None:
     """With timeout=600, a rank whose peer died in step 1 (at `stage`) raises within
-    seconds of the launcher's `relaunch/RUN/workers/failed` key, naming the rank."""
+    seconds of the launcher's `relaunch/RUN/workers/failed/ATTEMPT` key, naming the rank."""
     monkeypatch.setenv("RELAUNCH_RUN_ID", "job-dead-peer")
+    monkeypatch.setenv("RELAUNCH_ATTEMPT", "4")
     if preempted:
         # A stop request alone changes nothing: step 0 still commits on both.
         monkeypatch.setitem(sys.modules, "relaunch.preemption", type(sys)("fake_preemption"))
@@ -738,7 +739,7 @@ def test_a_rank_waiting_for_a_dead_one_raises_once_the_launcher_marks_the_failur
     assert waiter.is_alive() and not errors
 
     failed_at = time.monotonic()
-    control.set("relaunch/job-dead-peer/workers/failed", FAILURE.format(dead=dead))
+    control.set("relaunch/job-dead-peer/workers/failed/4", FAILURE.format(dead=dead))
     waiter.join(10)
     assert not waiter.is_alive(), "the waiting rank did not notice the failed peer"
     assert time.monotonic() - failed_at < 5

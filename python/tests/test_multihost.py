@@ -78,7 +78,9 @@ def steps(out: Path) -> list[dict]:
     for path in sorted(out.glob("steps.*.jsonl")):
         for line in path.read_text().splitlines():
             if line.endswith("}"):  # a line still being written is skipped
-                records.append(json.loads(line))
+                record = json.loads(line)
+                if "start" in record:  # not a {"stopped": ...} line
+                    records.append(record)
     return records
 
 
@@ -143,7 +145,10 @@ def test_a_static_job_on_three_hosts_equals_one_host(hosts, tmp_path):
 def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, tmp_path):
     """``--nnodes 2:3``; host 2's link goes down mid-run. The two others
     leave it out and train on; when its link is back, its launcher rejoins
-    and the job ends in a world of three, every launcher exiting 0."""
+    and the job ends in a world of three, every launcher exiting 0. Every
+    round is an attempt of its own (``RELAUNCH_ATTEMPT``, the number the
+    tracking run gives it), though only the round without host 2 is a
+    restart (``TORCHELASTIC_RESTART_COUNT``, torchrun's count)."""
     out = tmp_path / "out"
     out.mkdir()
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
@@ -180,6 +185,18 @@ def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, 
     assert phases == [(3, {"h0", "h1", "h2"}), (2, {"h0", "h1"}), (3, {"h0", "h1", "h2"})], seen
     final = torch.load(out / "final.pt", weights_only=True)
     assert final["world"] == 3 and final["step"] >= 40, final["step"]
+
+    # One RELAUNCH_ATTEMPT per attempt, growing from one to the next.
+    ids: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for r in steps(out):
+        ids[r["start"]].add((r["attempt"], r["restarts"]))
+    per_attempt = [ids[start] for start in sorted(ids)]
+    assert all(len(seen) == 1 for seen in per_attempt), per_attempt
+    attempts = [next(iter(seen)) for seen in per_attempt]
+    numbers = [attempt for attempt, _ in attempts]
+    assert numbers == sorted(set(numbers)) and numbers[0] == 0, attempts
+    # Losing host 2 is a restart; readmitting it is not.
+    assert attempts[0][1] == 0 and attempts[-1][1] == attempts[-2][1] >= 1, attempts
 
 
 @pytest.mark.hosts(4)
@@ -221,6 +238,100 @@ def test_a_standalone_store_outlives_node_0(hosts, tmp_path):
     assert final["world"] == 2 and final["step"] == 59
     # The store never noticed anything but a node gone quiet.
     assert store.poll() is None
+
+
+def test_a_store_lost_with_node_0_ends_the_job_with_a_clear_message(hosts, tmp_path):
+    """The store hosted by node 0's launcher (the first on the endpoint's
+    host); node 0's host is cut off. The others cannot go on without their
+    store: they stop their workers and exit non-zero, saying which store is
+    unreachable and how to have one that outlives any node, once they gave
+    the store ``read_timeout`` (60 s) to answer again, instead of waiting
+    out the store client's own timeout (10 minutes)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "lost-store", *ELASTIC,
+            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
+        )
+        for h in hosts
+    ]  # fmt: skip
+    wait_for(
+        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
+        120,
+        "three hosts training",
+    )
+    hosts[0].cut()
+    codes = [la.wait(timeout=180) for la in launchers[1:]]
+    assert all(code not in (0, None) for code in codes), report(launchers)
+    for la in launchers[1:]:
+        assert f"store at {endpoint} is unreachable" in la.stderr, report(launchers)
+        assert "relaunch store serve" in la.stderr, report(launchers)
+        # Its workers were stopped, not left behind.
+        assert not la.host.pids(), report(launchers)
+
+
+def unsent_to(host: netns.Host, peer: str) -> int:
+    """Bytes that ``host``'s sockets to ``peer`` (HOST:PORT) still hold
+    unacknowledged (``ss``'s Send-Q), closed sockets included."""
+    listing = host.run(
+        ["ss", "-tnH", "state", "all", "dst", peer], capture_output=True, text=True, check=True
+    ).stdout
+    return sum(int(line.split()[2]) for line in listing.splitlines() if line.strip())
+
+
+def test_a_host_back_from_a_cut_does_not_fail_the_survivors_attempt(hosts, tmp_path):
+    """Host 2's worker fails while host 2 is cut off, so its launcher's
+    notice of the failure (the key ``relaunch.preemption`` and the
+    Checkpointer read) goes into a link that delivers nothing; hosts 0 and 1
+    go on without host 2. When the link is back, TCP delivers what host 2
+    had queued, late, into the survivors' attempt: that must not mark their
+    attempt failed. A stop request then ends their ranks cleanly at one
+    agreed step (both launchers exit 75), not as failed ranks."""
+    import signal as _signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "late-failure", *ELASTIC,
+            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
+            "--preemption", "--fail-file",
+        )
+        for h in hosts
+    ]  # fmt: skip
+    wait_for(
+        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
+        120,
+        "three hosts training",
+    )
+    hosts[2].cut()
+    (out / "fail.h2").touch()
+    wait_for(lambda: any(r["world"] == 2 for r in steps(out)), 120, "the two survivors training")
+    # Host 2 stays out (frozen, so it does not rejoin), but its kernel still
+    # sends what its launcher queued before.
+    for pid in hosts[2].pids():
+        os.kill(pid, _signal.SIGSTOP)
+    hosts[2].restore()
+    wait_for(lambda: unsent_to(hosts[2], endpoint) == 0, 180, "host 2's queued bytes delivered")
+    trained = len(steps(out))
+    wait_for(lambda: len(steps(out)) > trained + 4, 60, "the survivors training on")
+    launchers[0].proc.send_signal(_signal.SIGTERM)
+    codes = [la.wait(timeout=120) for la in launchers[:2]]
+    assert codes == [75, 75], report(launchers[:2])
+    for la in launchers[:2]:
+        assert "after a failure in this attempt" not in la.stderr + la.out.read_text()
+    stops = [
+        json.loads(line)
+        for p in out.glob("steps.h[01].*")
+        for line in p.read_text().splitlines()
+        if "stopped" in line
+    ]
+    assert len(stops) == 2 and len({s["stopped"] for s in stops}) == 1, stops
 
 
 HANG_WORKER = HERE / "workers" / "hang_collective.py"

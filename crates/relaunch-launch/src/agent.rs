@@ -247,6 +247,7 @@ async fn run_attempts(
             role: config.role.clone(),
             master_addr: store.addr.clone(),
             master_port: store.port,
+            attempt: attempt_id,
             restart_count: attempt.restarts,
             max_restarts: config.max_restarts,
             run_id: config.run_id.clone(),
@@ -274,6 +275,7 @@ async fn run_attempts(
                 nodes: place.nodes,
                 hostname,
                 attempt: number,
+                attempt_id,
                 tracker: tracker.as_ref(),
             };
             supervise(config, store, &mut group, signals, remote, out, here).await
@@ -422,6 +424,8 @@ struct Here<'a> {
     hostname: &'a str,
     /// This node's attempt number (its log directory's).
     attempt: u32,
+    /// The attempt's id across nodes (`RELAUNCH_ATTEMPT`).
+    attempt_id: u32,
     tracker: Option<&'a Tracker>,
 }
 
@@ -460,14 +464,14 @@ async fn supervise(
                 (Some(exit), _) if exit.kind.success() => {}
                 (Some(exit), Some(signal)) => {
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker ended while stopping");
-                    worker_failed(store, &config.run_id, group, exit).await;
+                    worker_failed(store, &keys::failed(&config.run_id, here.attempt_id), group, exit).await;
                     stop_after_signal(config, group, signals).await;
                     return AttemptEnd::Stopped { signal, failures: stop_failures(group) };
                 }
                 (Some(exit), None) => {
                     let running = running_ranks(group);
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker failed; stopping the others");
-                    worker_failed(store, &config.run_id, group, exit).await;
+                    worker_failed(store, &keys::failed(&config.run_id, here.attempt_id), group, exit).await;
                     group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
                     return AttemptEnd::Failed {
                         // Those still running got SIGTERM (then SIGKILL);
@@ -608,7 +612,7 @@ async fn hung(
     }
     announce(
         store,
-        &keys::failed(&config.run_id),
+        &keys::failed(&config.run_id, here.attempt_id),
         &report.headline(here.attempt),
         "the hang",
     )
@@ -825,14 +829,14 @@ async fn announce(store: &JobStore, key: &str, value: &str, what: &str) {
 /// and the job's store says who failed, so ranks blocked in relaunch's own
 /// agreement give up now. Bounded: a store that does not answer must not
 /// delay stopping the others.
-async fn worker_failed(store: &JobStore, run_id: &str, group: &WorkerGroup, exit: Exit) {
+async fn worker_failed(store: &JobStore, failed_key: &str, group: &WorkerGroup, exit: Exit) {
     group.kill_group_of(exit.local_rank);
     let text = format!(
         "{} exited with {}",
         group.describe(exit.local_rank),
         exit.kind.describe()
     );
-    announce(store, &keys::failed(run_id), &text, "a worker's failure").await;
+    announce(store, failed_key, &text, "a worker's failure").await;
 }
 
 /// The workers that did not exit with code 0 after a stop request.

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use relaunch_store::StoreClient;
+use relaunch_store::{ErrorKind, StoreClient};
 
 use crate::config::{LaunchConfig, RendezvousConfig};
 use crate::error::LaunchError;
@@ -70,7 +70,9 @@ impl Coordinator {
                     config.monitor_interval,
                     config.shutdown_timeout,
                 )?;
-                let client = store.connect_again().await?;
+                let client = store
+                    .connect_with(settings.client_options(store.client.options()))
+                    .await?;
                 Self::Dynamic(Box::new(DynamicRendezvous::new(
                     client,
                     &config.run_id,
@@ -149,8 +151,9 @@ impl Coordinator {
                 })
             }
             Self::Dynamic(rdzv) => {
-                let m = rdzv.join().await?;
-                rdzv.start(&m).await?;
+                let unreachable = |e| store_unreachable(store, e);
+                let m = rdzv.join().await.map_err(unreachable)?;
+                rdzv.start(&m).await.map_err(unreachable)?;
                 Ok(Attempt {
                     placement: Placement {
                         node_rank: m.index - 1,
@@ -187,7 +190,10 @@ impl Coordinator {
                 }))
             }
             Self::Dynamic(rdzv) => {
-                let watcher = store.connect_again().await?;
+                let watcher = store
+                    .connect_with(rdzv.settings.watcher_options(store.client.options()))
+                    .await
+                    .map_err(|e| store_unreachable(store, e))?;
                 let m = attempt.membership.ok_or_else(|| {
                     LaunchError::Rendezvous("an elastic attempt without a membership".into())
                 })?;
@@ -248,18 +254,39 @@ impl Coordinator {
             (Self::Dynamic(_), None) => return,
         };
         let key = keys::done(&config.run_id, id);
-        if let Err(e) = store
+        let barrier = store
             .client
-            .barrier(&key, nodes as i64, EXIT_BARRIER_TIMEOUT)
-            .await
-        {
-            tracing::warn!(error = %e, "not every node finished within {EXIT_BARRIER_TIMEOUT:?}; leaving anyway");
+            .barrier(&key, nodes as i64, EXIT_BARRIER_TIMEOUT);
+        // Bounded as a whole: a store that went silent would leave the
+        // barrier's cancellation waiting for the client's own timeout.
+        match tokio::time::timeout(EXIT_BARRIER_TIMEOUT * 2, barrier).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "not every node finished within {EXIT_BARRIER_TIMEOUT:?}; leaving anyway");
+            }
+            Err(_) => tracing::warn!("the store did not answer the exit barrier; leaving anyway"),
         }
     }
 
     /// Whether restarts are counted by the job (elastic) rather than here.
     pub(crate) fn counts_restarts_globally(&self) -> bool {
         matches!(self, Self::Dynamic(_))
+    }
+}
+
+/// An elastic node's store error, once the rendezvous gave up on it: a
+/// store that does not answer, or takes no connection, is unreachable.
+fn store_unreachable(store: &JobStore, e: LaunchError) -> LaunchError {
+    match e {
+        LaunchError::Store(source)
+            if matches!(source.kind(), ErrorKind::Connection | ErrorKind::Timeout) =>
+        {
+            LaunchError::StoreUnreachable {
+                addr: format!("{}:{}", store.addr, store.port),
+                source,
+            }
+        }
+        other => other,
     }
 }
 

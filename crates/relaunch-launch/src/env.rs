@@ -61,7 +61,11 @@ pub const NCCL_PIPE_PREFIX: &str = "nccl_trace_pipe_";
 pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 /// relaunch's run id (the same as `TORCHELASTIC_RUN_ID`).
 pub const RELAUNCH_RUN_ID: &str = "RELAUNCH_RUN_ID";
-/// The attempt number, 0 first (the same as `TORCHELASTIC_RESTART_COUNT`).
+/// The attempt's id, as the tracking run names it (`LAUNCH:ATTEMPT`): the
+/// elastic round (a round opened to admit a node is a new attempt, though
+/// not a restart), else the attempt number, 0 first (on a static job the
+/// same as `TORCHELASTIC_RESTART_COUNT`). Every rank of an attempt sees the
+/// same value, and no two attempts of a launch share one.
 pub const RELAUNCH_ATTEMPT: &str = "RELAUNCH_ATTEMPT";
 /// `HOST:PORT` of the launcher's store, for `relaunch.Store` and
 /// `relaunch.preemption`.
@@ -93,6 +97,10 @@ pub struct AttemptEnv {
     pub role: String,
     pub master_addr: String,
     pub master_port: u16,
+    /// `RELAUNCH_ATTEMPT`.
+    pub attempt: u32,
+    /// `TORCHELASTIC_RESTART_COUNT`: restarts after failures, as torchrun
+    /// counts them.
     pub restart_count: u32,
     pub max_restarts: u32,
     pub run_id: String,
@@ -136,7 +144,7 @@ pub fn worker_env(
         (TORCHELASTIC_ERROR_FILE, error_file.display().to_string()),
         (TORCHELASTIC_SIGNALS_TO_HANDLE, attempt.signals.clone()),
         (RELAUNCH_RUN_ID, attempt.run_id.clone()),
-        (RELAUNCH_ATTEMPT, attempt.restart_count.to_string()),
+        (RELAUNCH_ATTEMPT, attempt.attempt.to_string()),
         (
             RELAUNCH_STORE,
             format!("{}:{}", attempt.master_addr, attempt.master_port),
@@ -186,6 +194,7 @@ mod tests {
             role: "default".into(),
             master_addr: "localhost".into(),
             master_port: 29400,
+            attempt: 5,
             restart_count: 2,
             max_restarts: 3,
             run_id: "job".into(),
@@ -257,6 +266,8 @@ mod tests {
         assert_eq!(get(&env, GROUP_RANK).as_deref(), Some("1"));
         assert_eq!(get(&env, ROLE_WORLD_SIZE).as_deref(), Some("4"));
         assert_eq!(get(&env, TORCHELASTIC_RESTART_COUNT).as_deref(), Some("2"));
+        // An elastic round opened to admit a node is an attempt, not a restart.
+        assert_eq!(get(&env, RELAUNCH_ATTEMPT).as_deref(), Some("5"));
         assert_eq!(
             get(&env, TORCHELASTIC_USE_AGENT_STORE).as_deref(),
             Some("True")

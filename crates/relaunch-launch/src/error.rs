@@ -23,6 +23,14 @@ pub enum LaunchError {
     Store(#[from] StoreError),
     #[error("rendezvous failed: {0}")]
     Rendezvous(String),
+    /// The job's store stopped answering an elastic node for good.
+    #[error(
+        "the job's store at {addr} is unreachable ({source}); the job cannot go on without it. \
+         A store hosted by a launcher (the first on the --rdzv-endpoint host) ends with that \
+         node: to outlive any node, run `relaunch store serve --host HOST --port PORT` on a \
+         machine of its own and give every launcher --rdzv-endpoint HOST:PORT"
+    )]
+    StoreUnreachable { addr: String, source: StoreError },
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
 }

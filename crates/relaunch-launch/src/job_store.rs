@@ -100,10 +100,15 @@ impl JobStore {
     /// Another connection to the same store, for a task that blocks in a
     /// WAIT while the launcher goes on using its own.
     pub(crate) async fn connect_again(&self) -> Result<StoreClient, LaunchError> {
-        Ok(
-            StoreClient::connect(self.addr.clone(), self.port, self.client.options().clone())
-                .await?,
-        )
+        self.connect_with(self.client.options().clone()).await
+    }
+
+    /// Another connection to the same store, with other timeouts.
+    pub(crate) async fn connect_with(
+        &self,
+        options: ClientOptions,
+    ) -> Result<StoreClient, LaunchError> {
+        Ok(StoreClient::connect(self.addr.clone(), self.port, options).await?)
     }
 
     /// Whether this launcher hosts the store.

@@ -54,12 +54,18 @@ pub fn preempt(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/preempt")
 }
 
-/// Set by a launcher as soon as one of its workers failed, before it stops
-/// the others; its value says which rank and how. Ranks blocked in
-/// relaunch's own agreement (`relaunch.Checkpointer`) check it, so they give
-/// up on a dead peer within a second instead of waiting out their timeout.
-pub fn failed(run_id: &str) -> String {
-    format!("relaunch/{run_id}/workers/failed")
+/// Set by a launcher as soon as one of its workers failed in attempt
+/// `attempt` (`RELAUNCH_ATTEMPT`), before it stops the others; its value
+/// says which rank and how. Ranks blocked in relaunch's own agreement
+/// (`relaunch.Checkpointer`) check it, so they give up on a dead peer within
+/// a second instead of waiting out their timeout, and `relaunch.preemption`
+/// ends a rank whose SIGTERM follows it. Named by the attempt because a
+/// launcher may write it late: a node cut off from the store, whose failure
+/// notice TCP delivers once the link is back, or one that has not yet heard
+/// that the others went on without it; either lands in a key that no rank
+/// of the attempt now running reads.
+pub fn failed(run_id: &str, attempt: u32) -> String {
+    format!("relaunch/{run_id}/workers/failed/{attempt}")
 }
 
 /// Set by the launcher that finds the job hung, before it stops anything;
@@ -98,7 +104,8 @@ mod tests {
         assert!(is_launcher_key(b"relaunch/r/rdzv/round/0/joined"));
         assert!(!is_launcher_key(preempt("r").as_bytes()));
         assert!(!is_launcher_key(stop_step("r").as_bytes()));
-        assert!(!is_launcher_key(failed("r").as_bytes()));
+        assert!(!is_launcher_key(failed("r", 3).as_bytes()));
+        assert_eq!(failed("r", 3), "relaunch/r/workers/failed/3");
         assert!(!is_launcher_key(b"/worker/attempt_0/rank_0"));
         assert!(!is_launcher_key(b"default_pg/0//cpu//0/0"));
     }

@@ -6,8 +6,14 @@
 //! last-call window; a node that comes later waits, and the members open
 //! the next round to admit it (workers restart; that is not counted as a
 //! restart). A round also ends when a member's worker fails (counted) or a
-//! member stops sending heartbeats (a lost node; counted). Every key is
-//! under `relaunch/RUN_ID/rdzv/`:
+//! member stops sending heartbeats (a lost node; counted).
+//!
+//! A node whose store stops answering (a call unanswered for
+//! `keep_alive_timeout`, the time after which the others would call this
+//! node lost) stops its workers and tries to join again; the rendezvous'
+//! own calls, reconnections included, wait at most `read_timeout`
+//! (torchrun's setting, 60 s), after which the launcher fails naming the
+//! store. Every key is under `relaunch/RUN_ID/rdzv/`:
 //!
 //! ```text
 //! round/R/open        exists once round R is open (round 0 always is); why
@@ -25,7 +31,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use relaunch_store::{ErrorKind, StoreClient, StoreError};
+use relaunch_store::{ClientOptions, ErrorKind, StoreClient, StoreError};
 use tokio::time::Instant;
 
 use crate::error::LaunchError;
@@ -38,8 +44,12 @@ pub struct RendezvousSettings {
     pub join_timeout: Duration,
     /// After MIN nodes joined, how long to wait for more before closing.
     pub last_call: Duration,
-    /// A member silent for this long is lost.
+    /// A member silent for this long is lost; a store that does not
+    /// answer a member's heartbeat for this long is lost to that member.
     pub keep_alive_timeout: Duration,
+    /// The longest the rendezvous waits for the store to answer one call,
+    /// or to take a connection again.
+    pub read_timeout: Duration,
     /// How often members send heartbeats and look for waiting nodes.
     pub monitor_interval: Duration,
     /// How long members may take to stop their workers before rejoining;
@@ -48,8 +58,9 @@ pub struct RendezvousSettings {
 }
 
 impl RendezvousSettings {
-    /// Reads `join_timeout`, `last_call_timeout`, `keep_alive_timeout` (all
-    /// seconds) from `--rdzv-conf`; refuses keys it does not know.
+    /// Reads `join_timeout`, `last_call_timeout`, `keep_alive_timeout`,
+    /// `read_timeout` (all seconds) from `--rdzv-conf`; refuses keys it does
+    /// not know.
     pub fn from_conf(
         conf: &BTreeMap<String, String>,
         monitor_interval: Duration,
@@ -59,6 +70,7 @@ impl RendezvousSettings {
             join_timeout: Duration::from_secs(600),
             last_call: Duration::from_secs(30),
             keep_alive_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(60),
             monitor_interval: monitor_interval.max(Duration::from_millis(50)),
             stop_grace,
         };
@@ -76,15 +88,42 @@ impl RendezvousSettings {
                 "join_timeout" => s.join_timeout = seconds,
                 "last_call_timeout" => s.last_call = seconds,
                 "keep_alive_timeout" | "timeout" => s.keep_alive_timeout = seconds,
+                "read_timeout" => s.read_timeout = seconds,
                 other => {
                     return Err(LaunchError::Config(format!(
                         "--rdzv-conf: unknown setting {other:?}; known: join_timeout, \
-                         last_call_timeout, keep_alive_timeout"
+                         last_call_timeout, keep_alive_timeout, read_timeout"
                     )));
                 }
             }
         }
+        if s.keep_alive_timeout.is_zero() || s.read_timeout.is_zero() {
+            return Err(LaunchError::Config(
+                "--rdzv-conf keep_alive_timeout and read_timeout must be more than 0 seconds"
+                    .into(),
+            ));
+        }
         Ok(s)
+    }
+
+    /// Client options for the rendezvous' own connection: no call, nor a
+    /// reconnection, waits longer than `read_timeout`.
+    pub fn client_options(&self, base: &ClientOptions) -> ClientOptions {
+        ClientOptions {
+            timeout: self.read_timeout,
+            connect_timeout: self.read_timeout,
+            ..base.clone()
+        }
+    }
+
+    /// Client options for the watcher of a running round: a store silent for
+    /// `keep_alive_timeout` is lost to this node.
+    pub fn watcher_options(&self, base: &ClientOptions) -> ClientOptions {
+        ClientOptions {
+            timeout: self.keep_alive_timeout,
+            connect_timeout: self.keep_alive_timeout,
+            ..base.clone()
+        }
     }
 }
 
@@ -110,6 +149,10 @@ pub enum NewRound {
     Lost(String),
     /// A node is waiting to join; not counted.
     Admit,
+    /// The store stopped answering this node: its workers stop, and it
+    /// tries to join again (the launcher fails if the store stays silent).
+    /// Never written to the store; not counted.
+    StoreLost(String),
 }
 
 impl NewRound {
@@ -118,6 +161,7 @@ impl NewRound {
             Self::Failure(what) => format!("failure {what}"),
             Self::Lost(what) => format!("lost {what}"),
             Self::Admit => "admit".into(),
+            Self::StoreLost(what) => format!("store-lost {what}"),
         }
     }
 
@@ -125,19 +169,20 @@ impl NewRound {
         match text.split_once(' ') {
             Some(("failure", what)) => Self::Failure(what.into()),
             Some(("lost", what)) => Self::Lost(what.into()),
+            Some(("store-lost", what)) => Self::StoreLost(what.into()),
             _ => Self::Admit,
         }
     }
 
     pub(crate) fn counts_as_restart(&self) -> bool {
-        !matches!(self, Self::Admit)
+        !matches!(self, Self::Admit | Self::StoreLost(_))
     }
 
     /// For the console.
     pub fn describe(&self) -> String {
         match self {
             Self::Failure(what) => what.clone(),
-            Self::Lost(what) => what.clone(),
+            Self::Lost(what) | Self::StoreLost(what) => what.clone(),
             Self::Admit => "a node is waiting to join; restarting all workers to admit it".into(),
         }
     }
@@ -414,10 +459,10 @@ impl DynamicRendezvous {
             match watcher.wait(&[&next], self.settings.monitor_interval).await {
                 Ok(()) => match watcher.get_now(&next).await {
                     Ok(value) => return NewRound::decode(&String::from_utf8_lossy(&value)),
-                    Err(e) => return self.store_lost(e),
+                    Err(e) => return self.store_lost(&watcher, e),
                 },
                 Err(e) if e.kind() == ErrorKind::Timeout => {}
-                Err(e) => return self.store_lost(e),
+                Err(e) => return self.store_lost(&watcher, e),
             }
             let round = async {
                 watcher.add(alive(m.index), 1).await?;
@@ -458,17 +503,23 @@ impl DynamicRendezvous {
                 Ok(Some(why)) => {
                     return match self.open_next(&m, &why).await {
                         Ok(opened) => opened,
-                        Err(e) => NewRound::Lost(format!("cannot open a new round: {e}")),
+                        Err(e) => self.store_lost(&watcher, e),
                     };
                 }
                 Ok(None) => {}
-                Err(e) => return self.store_lost(e),
+                Err(e) => return self.store_lost(&watcher, e),
             }
         }
     }
 
-    fn store_lost(&self, e: StoreError) -> NewRound {
-        NewRound::Lost(format!("lost the rendezvous store: {e}"))
+    fn store_lost(&self, watcher: &StoreClient, e: impl std::fmt::Display) -> NewRound {
+        NewRound::StoreLost(format!(
+            "the job's store at {} did not answer within keep_alive_timeout ({:?}): {e}; \
+             stopping the workers, then trying to join again for up to read_timeout ({:?})",
+            watcher.addr(),
+            self.settings.keep_alive_timeout,
+            self.settings.read_timeout,
+        ))
     }
 }
 
@@ -502,6 +553,9 @@ mod tests {
             RendezvousSettings::from_conf(&conf, Duration::from_secs(1), Duration::ZERO).unwrap();
         assert_eq!(s.last_call, Duration::from_millis(1500));
         assert_eq!(s.join_timeout, Duration::from_secs(600));
+        assert_eq!(s.read_timeout, Duration::from_secs(60));
+        let zero = BTreeMap::from([("read_timeout".to_string(), "0".to_string())]);
+        assert!(RendezvousSettings::from_conf(&zero, Duration::ZERO, Duration::ZERO).is_err());
         let bad = BTreeMap::from([("nope".to_string(), "1".to_string())]);
         assert!(RendezvousSettings::from_conf(&bad, Duration::ZERO, Duration::ZERO).is_err());
         let nan = BTreeMap::from([("join_timeout".to_string(), "soon".to_string())]);
@@ -514,9 +568,11 @@ mod tests {
             NewRound::Failure("node 1 failed".into()),
             NewRound::Lost("x".into()),
             NewRound::Admit,
+            NewRound::StoreLost("y".into()),
         ] {
             assert_eq!(NewRound::decode(&why.encode()), why);
         }
         assert!(!NewRound::Admit.counts_as_restart());
+        assert!(!NewRound::StoreLost("y".into()).counts_as_restart());
     }
 }

@@ -26,6 +26,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 const CONNECT_RETRY_MIN: Duration = Duration::from_millis(10);
 const CONNECT_RETRY_MAX: Duration = Duration::from_secs(1);
+/// The longest a TCP connection may take to open before a fresh attempt.
+const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(5);
 
 /// How a client connects and how long it waits.
 #[derive(Clone, Debug)]
@@ -453,7 +455,10 @@ impl StoreClient {
         let start = Instant::now();
         let mut delay = CONNECT_RETRY_MIN;
         loop {
-            let error = match self.try_open().await {
+            let connect_within = patience
+                .saturating_sub(start.elapsed())
+                .clamp(CONNECT_RETRY_MIN, CONNECT_ATTEMPT_MAX);
+            let error = match self.try_open(connect_within).await {
                 Ok(conn) => return Ok(conn),
                 Err(e) => e,
             };
@@ -470,8 +475,19 @@ impl StoreClient {
         }
     }
 
-    async fn try_open(&self) -> std::io::Result<Connection> {
-        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+    async fn try_open(&self, connect_within: Duration) -> std::io::Result<Connection> {
+        // Bounded: a host that is cut off answers nothing, and the kernel
+        // would retry the SYN for minutes, with pauses that grow, so the
+        // host's return would go unnoticed for as long.
+        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let stream = tokio::time::timeout(connect_within, connect)
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer to a connection within {connect_within:?}"),
+                )
+            })??;
         stream.set_nodelay(true)?;
         let mut conn = Connection {
             stream,
