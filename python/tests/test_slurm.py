@@ -85,6 +85,19 @@ def state(job: int) -> str:
     return show(job).get("JobState", "")
 
 
+def requeued(job: int) -> bool:
+    """Whether `job` was requeued; once it waits again, it may start at once.
+
+    SLURM holds a requeued job for about two minutes (its BeginTime) before
+    it can start again; the tests move that to now."""
+    info = show(job)
+    if int(info.get("Restarts", "0")) < 1:
+        return False
+    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+    return True
+
+
 def batch_script(path: Path, body: str) -> Path:
     path.write_text("#!/bin/bash\nset -euo pipefail\n" + textwrap.dedent(body))
     path.chmod(0o755)
@@ -177,7 +190,8 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_same_parameters(
              120, "the job to train past step 15")  # fmt: skip
     high = batch_script(tmp_path / "high.sh", "sleep 2\n")
     sbatch(jobs, high, "--partition=high", "--ntasks=1", "--output=high.txt", "--time=1")
-    wait_for(lambda: int(show(job).get("Restarts", "0")) >= 1, 90, "SLURM to requeue the job")
+    wait_for(lambda: requeued(job) and state(job) != "REQUEUED", 90, "SLURM to requeue the job")
+    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the job to end")
     log = (tmp_path / "out.txt").read_text()
     assert state(job) == "COMPLETED", log
@@ -218,6 +232,7 @@ def test_a_job_at_its_time_limit_requeues_itself_and_finishes(
     wait_for(lambda: int(show(job).get("Restarts", "0")) >= 1, 120, "the job to requeue itself")
     # The next allocation gets time to finish (SLURM keeps the limit).
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], check=True, timeout=30)
+    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240,
              "the job to end")  # fmt: skip
     log = (tmp_path / "out.txt").read_text()
