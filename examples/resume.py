@@ -16,7 +16,9 @@ Relaunched, it resumes from ``ckpt.latest()``: the loss of every step equals
 that of an uninterrupted run. Under ``relaunch run --server`` every rank
 logs its loss, and the Checkpointer ships each checkpoint to the server, so
 ``relaunch ckpt pull RUN CKPT_DIR`` can bring it to a machine that never
-saw it. ``--losses FILE``: rank 0 appends ``step loss`` per step.
+saw it. ``--losses FILE``: rank 0 appends ``step loss`` per step;
+``--params FILE``: rank 0 saves the final parameters there once training
+has finished (not when stopped).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main() -> None:
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--losses", type=Path, default=None)
+    p.add_argument("--params", type=Path, default=None)
     a = p.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -116,6 +119,8 @@ def main() -> None:
     print(
         f"rank {rank}: {'preempted' if stopped else 'finished'} after step {step - 1}", flush=True
     )
+    if rank == 0 and a.params is not None and not stopped:
+        torch.save(model.module.state_dict(), a.params)
     ckpt.close()  # waits for the checkpoint's upload, if shipping
     if run is not None:
         run.finish(timeout=30)

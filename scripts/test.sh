@@ -7,6 +7,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 source "$ROOT/scripts/postgres.sh"
 source "$ROOT/scripts/s3.sh"
+source "$ROOT/scripts/slurm.sh"
 
 ensure_system_packages
 ensure_venv
@@ -16,6 +17,8 @@ start_test_postgres || true
 # The chunk store tests and the HTTP file tests run on S3 (SeaweedFS, from
 # the virtual environment) too, the same way.
 start_test_s3 || true
+# python/tests/test_slurm.py runs against a one-machine SLURM (root only).
+start_test_slurm || true
 
 say "cargo fmt --check"
 cargo fmt --all --check

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use relaunch_api::RunStatus;
-use relaunch_launch::config::{DEFAULT_SIGNALS, NProc, NodeRange, StreamSpec};
+use relaunch_launch::config::{NProc, NodeRange, StreamSpec};
 
 use crate::size::parse_size;
 
@@ -359,34 +359,27 @@ pub enum RdzvBackend {
                   128+N stopped by signal N with workers that did not exit cleanly."
 )]
 pub struct RunArgs {
-    /// Number of nodes, or MIN:MAX for an elastic job.
-    #[arg(
-        long,
-        env = "PET_NNODES",
-        default_value = "1:1",
-        value_name = "N|MIN:MAX"
-    )]
-    pub nnodes: NodeRange,
+    /// Number of nodes, or MIN:MAX for an elastic job [default: $SLURM_NNODES in SLURM, else 1].
+    #[arg(long, env = "PET_NNODES", value_name = "N|MIN:MAX")]
+    pub nnodes: Option<NodeRange>,
 
-    /// Workers per node: a number, auto, cpu or gpu.
+    /// Workers per node: a number, auto, cpu or gpu [default: $SLURM_GPUS_ON_NODE or $SLURM_NTASKS_PER_NODE in SLURM, else 1].
     #[arg(
         long = "nproc-per-node",
         visible_alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
-        default_value = "1",
         value_name = "N"
     )]
-    pub nproc_per_node: NProc,
+    pub nproc_per_node: Option<NProc>,
 
-    /// Rank of this node (static rendezvous).
+    /// Rank of this node (static rendezvous) [default: $SLURM_NODEID in SLURM, else 0].
     #[arg(
         long = "node-rank",
         visible_alias = "node_rank",
         env = "PET_NODE_RANK",
-        default_value_t = 0,
         value_name = "RANK"
     )]
-    pub node_rank: usize,
+    pub node_rank: Option<usize>,
 
     /// Address of node 0, which hosts the store (static rendezvous).
     #[arg(
@@ -496,9 +489,14 @@ pub struct RunArgs {
     )]
     pub startup_timeout: Option<f64>,
 
-    /// Signals to pass on to every worker (SIGUSR1/SIGUSR2 are passed on without stopping the job).
-    #[arg(long = "signals-to-handle", visible_alias = "signals_to_handle", env = "PET_SIGNALS_TO_HANDLE", default_value = DEFAULT_SIGNALS, value_name = "SIGNALS")]
-    pub signals_to_handle: String,
+    /// Signals to pass on to every worker; each is a stop request to relaunch.preemption (SIGUSR1/SIGUSR2 leave the launcher waiting on the workers instead of starting the shutdown timer) [default: SIGTERM,SIGINT,SIGHUP,SIGQUIT, and SIGUSR1 in SLURM].
+    #[arg(
+        long = "signals-to-handle",
+        visible_alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        value_name = "SIGNALS"
+    )]
+    pub signals_to_handle: Option<String>,
 
     /// Role of the workers (ROLE_NAME).
     #[arg(long, env = "PET_ROLE", default_value = "default")]
@@ -616,6 +614,14 @@ pub struct RunArgs {
         help_heading = "Tracking"
     )]
     pub system_metrics_interval: f64,
+
+    /// Print the resolved settings and where each came from (flag, scheduler variable, default), then exit without starting anything.
+    #[arg(long = "print-config")]
+    pub print_config: bool,
+
+    /// After a clean stop (exit code 75: every rank stopped at the agreed step), ask the scheduler to run the job again (SLURM: `scontrol requeue $SLURM_JOB_ID`, from node 0).
+    #[arg(long = "requeue-on-preempt")]
+    pub requeue_on_preempt: bool,
 
     /// The training script (or module, or program), then its own arguments.
     #[arg(value_name = "TRAINING_SCRIPT", required = true)]
@@ -1030,7 +1036,7 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("parsed as {:?}", cli.command);
         };
-        assert_eq!(args.nproc_per_node, NProc::Count(2));
+        assert_eq!(args.nproc_per_node, Some(NProc::Count(2)));
         assert_eq!(args.max_restarts, 3);
         assert_eq!(args.training_script, "train.py");
         assert_eq!(

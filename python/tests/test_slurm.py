@@ -1,0 +1,247 @@
+"""`relaunch run` under a real SLURM (22.05: slurmctld, slurmd, munge), on a
+one-machine cluster that scripts/slurm.sh starts once per test run
+(``SLURM_CONF``, ``RELAUNCH_TEST_SLURM``) with two partitions: a job in
+``high`` preempts one in ``low`` and SLURM requeues it.
+
+Each test submits jobs with ``sbatch`` that run ``relaunch run`` with no
+node, master or run-id flags (they come from the allocation), and cancels
+them at the end. Without the cluster the tests are skipped, and fail
+under CI."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TrackingServer, wait_for
+from test_launch_tracking import events, get
+
+ROOT = Path(__file__).resolve().parents[2]
+RESUME = ROOT / "examples" / "resume.py"
+RELAUNCH = [sys.executable, "-m", "relaunch"]
+# 2 ranks x batches of 8 over 384 samples: 24 steps an epoch, 48 in all.
+TRAIN = ["--epochs", "2", "--samples", "384", "--batch-size", "8", "--ckpt-every", "10"]
+
+CLUSTER = os.environ.get("RELAUNCH_TEST_SLURM")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Path:
+    if not CLUSTER or not os.environ.get("SLURM_CONF") or shutil.which("sbatch") is None:
+        reason = (
+            "no test SLURM cluster (scripts/test.sh starts one with scripts/slurm.sh: "
+            "needs root, slurmctld, slurmd, munge)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI is set, so this fails instead of skipping")
+        pytest.skip(reason)
+    return Path(CLUSTER)
+
+
+@pytest.fixture
+def jobs(cluster: Path, tmp_path: Path) -> Iterator[list[int]]:
+    """Job ids submitted by the test; every one is cancelled at the end."""
+    submitted: list[int] = []
+    yield submitted
+    for job in submitted:
+        subprocess.run(["scancel", "--full", str(job)], capture_output=True, timeout=30)
+    wait_for(lambda: not any(state(job) in ("RUNNING", "PENDING", "COMPLETING", "REQUEUED")
+                             for job in submitted), 60, "the test's jobs to end")  # fmt: skip
+
+
+def sbatch(jobs: list[int], script: Path, *args: str) -> int:
+    out = subprocess.run(
+        # Appended: a requeued job's output follows its first allocation's.
+        ["sbatch", "--parsable", "--open-mode=append", *args, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=script.parent,
+    )
+    assert out.returncode == 0, out.stderr
+    job = int(out.stdout.strip().split(";")[0])
+    jobs.append(job)
+    return job
+
+
+def show(job: int) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job)], capture_output=True, text=True, timeout=30
+    )
+    if out.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\S+?)=(\S*)", out.stdout))
+
+
+def state(job: int) -> str:
+    return show(job).get("JobState", "")
+
+
+def requeued(job: int) -> bool:
+    """Whether `job` was requeued; once it waits again, it may start at once.
+
+    SLURM holds a requeued job for about two minutes (its BeginTime) before
+    it can start again; the tests move that to now."""
+    info = show(job)
+    if int(info.get("Restarts", "0")) < 1:
+        return False
+    if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+    return True
+
+
+def batch_script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\nset -euo pipefail\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+def relaunch_cmd() -> str:
+    return " ".join([*RELAUNCH, "run"])
+
+
+def losses(path: Path) -> list[tuple[int, str]]:
+    return [(int(s), v) for s, v in (line.split() for line in path.read_text().splitlines())]
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, dict]:
+    """An uninterrupted run of examples/resume.py: its losses and final parameters."""
+    d = tmp_path_factory.mktemp("reference")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "SLURM_"))}
+    out = subprocess.run(
+        [*RELAUNCH, "run", "--nproc-per-node", "2", str(RESUME), "--ckpt-dir", str(d / "ckpt"),
+         "--losses", str(d / "losses"), "--params", str(d / "params.pt"), *TRAIN],
+        capture_output=True, text=True, timeout=300, cwd=d, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    expected = losses(d / "losses")
+    assert [s for s, _ in expected] == list(range(48))
+    return expected, torch.load(d / "params.pt", weights_only=True)
+
+
+def assert_same_params(got: Path, want: dict) -> None:
+    params = torch.load(got, weights_only=True)
+    assert params.keys() == want.keys()
+    for name, value in want.items():
+        assert torch.equal(params[name], value), name  # bitwise
+
+
+def test_a_job_resolves_its_nodes_from_slurm_and_finishes(cluster, jobs, tmp_path):
+    """Two workers from --ntasks-per-node=2, one node, run id slurm-JOBID, a
+    master host from the nodelist: no node flags on the command line."""
+    script = batch_script(
+        tmp_path / "job.sh",
+        f"""
+        {relaunch_cmd()} --print-config x.py > config.txt
+        exec {relaunch_cmd()} {RESUME} --ckpt-dir ckpt --losses losses --params params.pt \
+            {" ".join(TRAIN)}
+        """,
+    )
+    job = sbatch(jobs, script, "--ntasks-per-node=2", "--output=out.txt", "--time=5")
+    wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 120, "the job to end")
+    log = (tmp_path / "out.txt").read_text()
+    assert state(job) == "COMPLETED", log
+    config = (tmp_path / "config.txt").read_text()
+    assert "inside SLURM" in config, config
+    lines = {line.split()[0]: line for line in config.splitlines()[1:]}
+    assert re.search(rf"run_id +slurm-{job} +<- \$SLURM_JOB_ID", lines["run_id"]), config
+    assert re.search(r"nnodes +1 +<- \$SLURM_NNODES", lines["nnodes"]), config
+    assert re.search(r"node_rank +0 +<- \$SLURM_NODEID", lines["node_rank"]), config
+    assert re.search(r"nproc_per_node +2 +<- \$SLURM_NTASKS_PER_NODE", lines["nproc_per_node"])
+    assert "SIGUSR1" in lines["signals_to_handle"], config
+    assert f"run slurm-{job}: 2 worker(s) on this node, 1 node(s)" in log, log
+    assert len(losses(tmp_path / "losses")) == 48
+
+
+def test_a_preempted_job_is_requeued_and_resumes_to_the_same_parameters(
+    cluster, jobs, tmp_path, reference, tracking_server: TrackingServer
+):
+    """A `high` job preempts the `low` one (real SLURM preemption: SIGTERM to
+    every process of the job, KillWait, requeue); every rank stops at one
+    step and commits, SLURM requeues the job, the next allocation resumes
+    from the checkpoint and ends with the uninterrupted run's losses and
+    bitwise the same parameters; the tracking server has one run with both
+    attempts."""
+    expected, params = reference
+    script = batch_script(
+        tmp_path / "job.sh",
+        f"""
+        exec {relaunch_cmd()} --server {tracking_server.url} --tracking-dir spool \
+            {RESUME} --ckpt-dir ckpt --losses losses --params params.pt --step-time 0.1 \
+            {" ".join(TRAIN)}
+        """,
+    )
+    # Both CPUs of the node: the `high` job can only run by preempting it.
+    job = sbatch(
+        jobs, script, "--ntasks-per-node=2", "--exclusive", "--output=out.txt", "--time=5",
+        "--requeue", "--partition=low",
+    )  # fmt: skip
+    trajectory = tmp_path / "losses"
+    wait_for(lambda: trajectory.exists() and len(trajectory.read_text().splitlines()) >= 15,
+             120, "the job to train past step 15")  # fmt: skip
+    high = batch_script(tmp_path / "high.sh", "sleep 2\n")
+    sbatch(jobs, high, "--partition=high", "--ntasks=1", "--output=high.txt", "--time=1")
+    wait_for(lambda: requeued(job) and state(job) != "REQUEUED", 90, "SLURM to requeue the job")
+    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
+    wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the job to end")
+    log = (tmp_path / "out.txt").read_text()
+    assert state(job) == "COMPLETED", log
+    assert int(show(job)["Restarts"]) == 1, show(job)
+    stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
+    assert len(stops) == 1, log  # both ranks stopped at one step
+    stop = stops.pop()
+    assert "exit code 75" in log, log
+    assert f"starting at step {stop + 1}" in log, log
+    assert losses(trajectory) == expected  # every step once, every loss equal
+    assert_same_params(tmp_path / "params.pt", params)
+    run = get(tracking_server, f"/runs/slurm-{job}")
+    assert isinstance(run, dict)
+    assert (run["status"], run["attempts"]) == ("finished", 2), run
+    kinds = [e["kind"] for e in events(tracking_server, f"slurm-{job}")]
+    assert kinds == ["start", "preempted", "start", "finished"], kinds
+
+
+def test_a_job_at_its_time_limit_requeues_itself_and_finishes(
+    cluster, jobs, tmp_path, tracking_server: TrackingServer
+):
+    """--time=1 with --signal=B:USR1@50: SIGUSR1 reaches relaunch (the
+    batch shell, exec'd), every rank stops at one step and commits,
+    --requeue-on-preempt runs `scontrol requeue`; the requeued job, given a
+    longer limit, finishes."""
+    script = batch_script(
+        tmp_path / "job.sh",
+        f"""
+        exec {relaunch_cmd()} --requeue-on-preempt --server {tracking_server.url} \
+            --tracking-dir spool {RESUME} --ckpt-dir ckpt --losses losses --params params.pt \
+            --step-time 0.1 --epochs 20 --samples 384 --batch-size 8 --ckpt-every 10
+        """,
+    )
+    job = sbatch(
+        jobs, script, "--ntasks-per-node=2", "--output=out.txt", "--time=1",
+        "--signal=B:USR1@50", "--partition=low",
+    )  # fmt: skip
+    wait_for(lambda: int(show(job).get("Restarts", "0")) >= 1, 120, "the job to requeue itself")
+    # The next allocation gets time to finish (SLURM keeps the limit).
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], check=True, timeout=30)
+    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
+    wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240,
+             "the job to end")  # fmt: skip
+    log = (tmp_path / "out.txt").read_text()
+    assert state(job) == "COMPLETED", log
+    assert "SIGUSR1" in log and "exit code 75" in log, log
+    assert f"scontrol requeue {job}" in log, log
+    assert int(show(job)["Restarts"]) == 1, show(job)
+    steps = [s for s, _ in losses(tmp_path / "losses")]
+    assert steps == list(range(480)), steps  # every step once
+    run = get(tracking_server, f"/runs/slurm-{job}")
+    assert isinstance(run, dict)
+    assert (run["status"], run["attempts"]) == ("finished", 2), run

@@ -1,0 +1,151 @@
+# A throwaway one-machine SLURM cluster for the tests; source it, don't run it.
+#
+# start_test_slurm installs slurmctld, slurmd, slurm-client and munge with
+# apt-get where they are missing, then starts munged, slurmctld and slurmd
+# in a temporary directory: their own munge key and socket, a slurm.conf
+# (this host as the only node, with the CPUs and memory `slurmd -C`
+# reports; partitions `low` (the default) and `high`, where a `high` job
+# preempts a `low` one and SLURM requeues it: preempt/partition_prio,
+# PreemptMode=REQUEUE; no cgroups: proctrack/linuxproc, task/none; no
+# accounting), state and spool directories, logs and free ports. It
+# exports
+#   SLURM_CONF             the clients (sbatch, scontrol, squeue) read it
+#   RELAUNCH_TEST_SLURM    the cluster's directory; the tests write their
+#                          jobs' files below it
+# and stops the daemons and deletes the directory when the calling shell
+# exits (env.sh's `on_exit`). Without root, or where a daemon does not
+# start, it says why and returns 1; the SLURM tests then say they are
+# skipped (and fail under CI=true).
+
+start_test_slurm() {
+    if [ -n "${RELAUNCH_TEST_SLURM:-}" ]; then
+        say "SLURM tests use the given RELAUNCH_TEST_SLURM (SLURM_CONF=${SLURM_CONF:-})"
+        return 0
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        say "not root: the SLURM daemons cannot start here, SLURM tests will be skipped"
+        return 1
+    fi
+    if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
+        || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then
+        say "installing slurmctld slurmd slurm-client munge"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            slurmctld slurmd slurm-client munge >/dev/null; }; then
+            say "cannot install SLURM: SLURM tests will be skipped"
+            return 1
+        fi
+    fi
+    SLURM_TEST_DIR="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-slurm.XXXXXX")"
+    SLURM_TEST_PIDS=()
+    on_exit stop_test_slurm
+    local dir="$SLURM_TEST_DIR"
+    chmod 755 "$dir"
+    mkdir -p "$dir/munge" "$dir/state" "$dir/spool" "$dir/jobs"
+    chmod 700 "$dir/munge"
+    # munge: its own key, socket, log and seed; started in the foreground
+    # so that its pid is ours to stop.
+    head -c 1024 /dev/urandom >"$dir/munge/munge.key"
+    chmod 400 "$dir/munge/munge.key"
+    munged --foreground --force --key-file="$dir/munge/munge.key" \
+        --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+        --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" \
+        >"$dir/munge/stdout.log" 2>&1 &
+    SLURM_TEST_PIDS+=($!)
+    local deadline=$((SECONDS + 20))
+    until [ -S "$dir/munge/munge.socket" ]; do
+        if [ $SECONDS -ge $deadline ]; then
+            cat "$dir/munge/munged.log" "$dir/munge/stdout.log" >&2 2>/dev/null
+            say "munged did not start: SLURM tests will be skipped"
+            stop_test_slurm
+            return 1
+        fi
+        sleep 0.2
+    done
+    local node ctld_port slurmd_port node_line
+    node="$(hostname -s)"
+    read -r ctld_port slurmd_port <<<"$(python3 -c '
+import socket
+ports = []
+for _ in range(2):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); ports.append(s.getsockname()[1]); s.close()
+print(*ports)')"
+    # The node as slurmd sees it (CPUs, sockets, memory), less 1 GiB of
+    # memory so that a busy machine still passes slurmd's check.
+    node_line="$(slurmd -C | head -n 1 | awk '{
+        for (i = 1; i <= NF; i++) if ($i ~ /^RealMemory=/) { split($i, m, "="); $i = "RealMemory=" (m[2] > 2048 ? m[2] - 1024 : m[2]) }
+        print }')"
+    cat >"$dir/slurm.conf" <<CONF
+ClusterName=relaunchtest
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SwitchType=switch/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+JobRequeue=1
+# A preempted job gets SIGTERM, then this long before SIGKILL.
+KillWait=30
+# Finished jobs stay visible to scontrol (Restarts=) this long.
+MinJobAge=600
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+$node_line NodeAddr=127.0.0.1 State=UNKNOWN
+PartitionName=low Nodes=$node Default=YES PriorityTier=1 PreemptMode=REQUEUE MaxTime=INFINITE State=UP
+PartitionName=high Nodes=$node PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+CONF
+    export SLURM_CONF="$dir/slurm.conf"
+    slurmctld -D -c -f "$SLURM_CONF" >"$dir/slurmctld.stdout" 2>&1 &
+    SLURM_TEST_PIDS+=($!)
+    slurmd -D -f "$SLURM_CONF" -N "$node" >"$dir/slurmd.stdout" 2>&1 &
+    SLURM_TEST_PIDS+=($!)
+    deadline=$((SECONDS + 60))
+    until scontrol show node "$node" 2>/dev/null | grep -Eq 'State=IDLE'; do
+        if [ $SECONDS -ge $deadline ]; then
+            tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" "$dir/slurmctld.stdout" "$dir/slurmd.stdout" >&2 2>/dev/null
+            say "the SLURM node did not come up: SLURM tests will be skipped"
+            stop_test_slurm
+            unset SLURM_CONF
+            return 1
+        fi
+        sleep 0.5
+    done
+    export RELAUNCH_TEST_SLURM="$dir"
+    say "SLURM $(sinfo --version | awk '{print $2}') for the tests: node $node, partitions low and high (SLURM_CONF=$SLURM_CONF)"
+}
+
+stop_test_slurm() {
+    if [ -n "${SLURM_TEST_DIR:-}" ]; then
+        # Jobs first (their processes belong to slurmd), then the daemons.
+        scancel --full --quiet --user=root 2>/dev/null || true
+        local pid
+        for pid in "${SLURM_TEST_PIDS[@]}"; do
+            kill "$pid" 2>/dev/null || true
+        done
+        for pid in "${SLURM_TEST_PIDS[@]}"; do
+            wait "$pid" 2>/dev/null || true
+        done
+        SLURM_TEST_PIDS=()
+        rm -rf "$SLURM_TEST_DIR"
+        SLURM_TEST_DIR=
+    fi
+}
