@@ -494,7 +494,7 @@ async fn supervise(
                     let report = hung(config, store, group, out, &here, stall, ranks).await;
                     return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(Box::new(report)) };
                 }
-                if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id).await {
+                if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id, here.attempt_id).await {
                     stacks_taken = true;
                     stacks_for_elsewhere(config, store, group, out, &here, there).await;
                 }
@@ -564,7 +564,7 @@ async fn hung(
     ));
     // The other nodes take their stacks too, while their ranks are still
     // stuck: they read this key once a second.
-    let headline_key = keys::hang(&config.run_id);
+    let headline_key = keys::hang(&config.run_id, here.attempt_id);
     let mut report = HangReport {
         stall,
         timeout: config.hang_timeout,
@@ -600,14 +600,14 @@ async fn hung(
     if here.nodes > 1 {
         if first {
             report.silent_nodes =
-                wait_for_other_stacks(store, &config.run_id, here.nodes - 1).await;
+                wait_for_other_stacks(store, &config.run_id, here.attempt_id, here.nodes - 1).await;
             report.others = other_nodes_ranks(store, &config.run_id, here).await;
             // Again, with every node's ranks.
             if let Some(dir) = group.attempt_dir() {
                 report.write(dir, here.attempt);
             }
         } else {
-            count_my_stacks(store, &config.run_id, here.node_rank, &report).await;
+            count_my_stacks(store, &config.run_id, here, &report).await;
         }
     }
     announce(
@@ -627,8 +627,13 @@ const OTHER_STACKS_PATIENCE: Duration = Duration::from_secs(15);
 /// Waits until `others` nodes have taken their stacks, at most
 /// [`OTHER_STACKS_PATIENCE`] (a node that is gone never will); returns how
 /// many did not.
-async fn wait_for_other_stacks(store: &JobStore, run_id: &str, others: usize) -> usize {
-    let key = keys::hang_stacks_taken(run_id);
+async fn wait_for_other_stacks(
+    store: &JobStore,
+    run_id: &str,
+    attempt: u32,
+    others: usize,
+) -> usize {
+    let key = keys::hang_stacks_taken(run_id, attempt);
     let deadline = tokio::time::Instant::now() + OTHER_STACKS_PATIENCE;
     let mut taken = 0;
     while tokio::time::Instant::now() < deadline {
@@ -653,8 +658,8 @@ async fn wait_for_other_stacks(store: &JobStore, run_id: &str, others: usize) ->
 }
 
 /// The hang another node found in this attempt, if one did.
-async fn hang_elsewhere(store: &JobStore, run_id: &str) -> Option<String> {
-    let key = keys::hang(run_id);
+async fn hang_elsewhere(store: &JobStore, run_id: &str, attempt: u32) -> Option<String> {
+    let key = keys::hang(run_id, attempt);
     let read = async {
         if store.client.check(&[&key]).await? {
             store.client.get_now(&key).await.map(Some)
@@ -699,7 +704,7 @@ async fn stacks_for_elsewhere(
         report.write(dir, here.attempt);
     }
     out.notice(report.render(here.attempt));
-    count_my_stacks(store, &config.run_id, here.node_rank, &report).await;
+    count_my_stacks(store, &config.run_id, here, &report).await;
 }
 
 /// The other nodes' ranks, as each published them with its stacks (those
@@ -707,7 +712,7 @@ async fn stacks_for_elsewhere(
 async fn other_nodes_ranks(store: &JobStore, run_id: &str, here: &Here<'_>) -> Vec<hang::Summary> {
     let mut others = Vec::new();
     for node in (0..here.nodes).filter(|n| *n != here.node_rank) {
-        let key = keys::hang_ranks(run_id, node);
+        let key = keys::hang_ranks(run_id, here.attempt_id, node);
         let read = async {
             if store.client.check(&[&key]).await? {
                 store.client.get_now(&key).await.map(Some)
@@ -735,14 +740,17 @@ async fn other_nodes_ranks(store: &JobStore, run_id: &str, here: &Here<'_>) -> V
 
 /// Publishes this node's ranks and tells the node that found the hang that
 /// this node's stacks are taken.
-async fn count_my_stacks(store: &JobStore, run_id: &str, node: usize, report: &HangReport) {
+async fn count_my_stacks(store: &JobStore, run_id: &str, here: &Here<'_>, report: &HangReport) {
+    let (attempt, node) = (here.attempt_id, here.node_rank);
     let set = store
         .client
-        .set(keys::hang_ranks(run_id, node), report.published());
+        .set(keys::hang_ranks(run_id, attempt, node), report.published());
     if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), set).await {
         tracing::warn!(error = %e, "cannot publish this node's ranks for the hang report");
     }
-    let add = store.client.add(keys::hang_stacks_taken(run_id), 1);
+    let add = store
+        .client
+        .add(keys::hang_stacks_taken(run_id, attempt), 1);
     match tokio::time::timeout(Duration::from_secs(2), add).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => {

@@ -68,24 +68,26 @@ pub fn failed(run_id: &str, attempt: u32) -> String {
     format!("relaunch/{run_id}/workers/failed/{attempt}")
 }
 
-/// Set by the launcher that finds the job hung, before it stops anything;
+/// Set by the launcher that finds the job hung in attempt `attempt` (the
+/// attempt's id, so a late write from a node cut off and back lands where
+/// no current launcher reads, like [`failed`]), before it stops anything;
 /// its value is the hang's headline. Every other launcher, which reads it
 /// once a second, takes its own ranks' stacks and then adds 1 to
 /// [`hang_stacks_taken`], which the first waits for (bounded) before it
 /// stops its workers: every node's stacks are taken while all are stuck.
-pub fn hang(run_id: &str) -> String {
-    format!("relaunch/{run_id}/workers/hang")
+pub fn hang(run_id: &str, attempt: u32) -> String {
+    format!("relaunch/{run_id}/workers/hang/{attempt}")
 }
 
 /// Node `node`'s ranks for a hang report (JSON, `hang::Summary`), set
 /// before it counts itself in [`hang_stacks_taken`].
-pub fn hang_ranks(run_id: &str, node: usize) -> String {
-    format!("relaunch/{run_id}/workers/hang_ranks/{node}")
+pub fn hang_ranks(run_id: &str, attempt: u32, node: usize) -> String {
+    format!("relaunch/{run_id}/workers/hang_ranks/{attempt}/{node}")
 }
 
 /// How many other nodes have taken their stacks after [`hang`].
-pub fn hang_stacks_taken(run_id: &str) -> String {
-    format!("relaunch/{run_id}/workers/hang_stacks_taken")
+pub fn hang_stacks_taken(run_id: &str, attempt: u32) -> String {
+    format!("relaunch/{run_id}/workers/hang_stacks_taken/{attempt}")
 }
 
 /// The step at which every rank stops, agreed by `relaunch.preemption.reached`:
