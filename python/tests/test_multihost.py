@@ -184,7 +184,7 @@ def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, 
     phases = [r for i, r in enumerate(seen) if i == 0 or seen[i - 1] != r]
     assert phases == [(3, {"h0", "h1", "h2"}), (2, {"h0", "h1"}), (3, {"h0", "h1", "h2"})], seen
     final = torch.load(out / "final.pt", weights_only=True)
-    assert final["world"] == 3 and final["step"] >= 40, final["step"]
+    assert final["world"] == 3 and final["step"] >= 39, final["step"]  # steps 0..39 at least
 
     # One RELAUNCH_ATTEMPT per attempt, growing from one to the next.
     ids: dict[int, set[tuple[int, int]]] = defaultdict(set)
