@@ -20,6 +20,7 @@ use crate::cli::{RdzvBackend, RunArgs};
 use scheduler::{Requeue, Source, Sourced};
 
 mod hostlist;
+mod kubernetes;
 mod scheduler;
 mod slurm;
 
@@ -675,6 +676,26 @@ mod tests {
         let r = resolved_in(SLURM_TWO_NODES, &["--requeue-on-preempt", "t.py"]).unwrap();
         assert_eq!(r.requeue, None);
         assert!(r.report().contains("not node 0"));
+    }
+
+    #[test]
+    fn in_a_kubernetes_indexed_job_the_pod_gives_its_node_rank_and_the_run() {
+        // The master's address needs the pod's /etc/hosts (kubernetes.rs
+        // tests it); here the Job's command names it, as the example does.
+        let pod = &[("JOB_COMPLETION_INDEX", "1"), ("HOSTNAME", "train-1")];
+        let r = resolved_in(
+            pod,
+            &["--nnodes", "2", "--master-addr", "train-0.trainers", "t.py"],
+        )
+        .unwrap();
+        let c = &r.config;
+        assert_eq!((c.nnodes.max, c.node_rank), (2, 1));
+        assert_eq!(c.run_id, "k8s-train");
+        assert_eq!(r.scheduler, Some("Kubernetes"));
+        let report = r.report();
+        for needle in ["<- $JOB_COMPLETION_INDEX", "k8s-train", "train-0.trainers"] {
+            assert!(report.contains(needle), "{needle:?} not in\n{report}");
+        }
     }
 
     #[test]

@@ -4,16 +4,15 @@
 //! Settings come from flags (and torchrun's `PET_*` variables), then from
 //! the scheduler, then from defaults; no code reads a scheduler's
 //! variables after [`detect`]. A scheduler is one module that turns its
-//! variables into an [`Allocation`]: SLURM in `slurm.rs`. Another (say
-//! Kubernetes: `JOB_COMPLETION_INDEX` for the node rank, a headless
-//! Service's name for the master host) is a sibling module added to
+//! variables into an [`Allocation`]: SLURM in `slurm.rs`, a Kubernetes
+//! Indexed Job in `kubernetes.rs`. Another is a sibling module added to
 //! [`detect`]'s list; the rest of `relaunch run` does not change.
 
 use std::fmt;
 
 use nix::sys::signal::Signal;
 
-use super::slurm;
+use super::{kubernetes, slurm};
 
 /// Where a resolved setting came from, as `--print-config` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +103,10 @@ pub(crate) struct Allocation {
 /// environment in `relaunch run`; a map in tests).
 pub(crate) fn detect(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Allocation>, String> {
     // Each scheduler in turn; the first that finds its job wins.
-    slurm::allocation(env)
+    if let Some(found) = slurm::allocation(env)? {
+        return Ok(Some(found));
+    }
+    kubernetes::allocation(env, &|| std::fs::read_to_string("/etc/hosts").ok())
 }
 
 /// The process environment, with empty variables as unset (as Slurm's own
