@@ -34,9 +34,13 @@ const SAME_REQUEST: Duration = Duration::from_millis(200);
 /// what is still buffered of the workers' output.
 const DRAIN_PATIENCE: Duration = Duration::from_secs(5);
 
-/// Beat checks (one a second) between two samples of the ranks' step
-/// times sent to the tracking server.
+/// Seconds between two samples of the ranks' step times sent to the
+/// tracking server.
 const STEP_TIMES_EVERY: u64 = 5;
+
+/// Beat checks a second (`hang::CHECK_EVERY` apart); the other work of
+/// the watch (another node's hang, stragglers, orphans) runs once a second.
+const TICKS_A_SECOND: u64 = 4;
 
 /// How one attempt ended.
 enum AttemptEnd {
@@ -494,6 +498,11 @@ async fn supervise(
                     let report = hung(config, store, group, out, &here, stall, ranks).await;
                     return AttemptEnd::Failed { failures: Vec::new(), remote: None, hang: Some(Box::new(report)) };
                 }
+                ticks += 1;
+                // The rest once a second: the store, /proc and the stats.
+                if !ticks.is_multiple_of(TICKS_A_SECOND) {
+                    continue;
+                }
                 if !stacks_taken && here.nodes > 1 && let Some(there) = hang_elsewhere(store, &config.run_id, here.attempt_id).await {
                     stacks_taken = true;
                     stacks_for_elsewhere(config, store, group, out, &here, there).await;
@@ -510,8 +519,7 @@ async fn supervise(
                 if reaped > 0 {
                     tracing::debug!(reaped, "reaped exited orphans of the workers");
                 }
-                ticks += 1;
-                if ticks.is_multiple_of(STEP_TIMES_EVERY) && let Some(tracker) = here.tracker {
+                if ticks.is_multiple_of(STEP_TIMES_EVERY * TICKS_A_SECOND) && let Some(tracker) = here.tracker {
                     tracker.step_times(&times);
                 }
             }
