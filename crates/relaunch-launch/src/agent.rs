@@ -667,18 +667,36 @@ async fn wait_for_other_stacks(
 
 /// The hang another node found in this attempt, if one did.
 async fn hang_elsewhere(store: &JobStore, run_id: &str, attempt: u32) -> Option<String> {
-    let key = keys::hang(run_id, attempt);
+    read_if_set(
+        store,
+        &keys::hang(run_id, attempt),
+        Duration::from_secs(2),
+        "a hang on another node",
+    )
+    .await
+    .map(|v| String::from_utf8_lossy(&v).into_owned())
+}
+
+/// The value of `key` if it is set, without waiting for it; `None` when it
+/// is not, or the store does not answer within `patience` (said at debug
+/// level: these reads are checks the launcher makes again).
+async fn read_if_set(
+    store: &JobStore,
+    key: &str,
+    patience: Duration,
+    what: &str,
+) -> Option<Vec<u8>> {
     let read = async {
-        if store.client.check(&[&key]).await? {
-            store.client.get_now(&key).await.map(Some)
+        if store.client.check(&[key]).await? {
+            store.client.get_now(key).await.map(Some)
         } else {
             Ok(None)
         }
     };
-    match tokio::time::timeout(Duration::from_secs(2), read).await {
-        Ok(Ok(value)) => value.map(|v| String::from_utf8_lossy(&v).into_owned()),
+    match tokio::time::timeout(patience, read).await {
+        Ok(Ok(value)) => value,
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "cannot check for a hang on another node");
+            tracing::debug!(error = %e, "cannot check the store for {what}");
             None
         }
         Err(_) => None,
@@ -721,20 +739,10 @@ async fn other_nodes_ranks(store: &JobStore, run_id: &str, here: &Here<'_>) -> V
     let mut others = Vec::new();
     for node in (0..here.nodes).filter(|n| *n != here.node_rank) {
         let key = keys::hang_ranks(run_id, here.attempt_id, node);
-        let read = async {
-            if store.client.check(&[&key]).await? {
-                store.client.get_now(&key).await.map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        let value = match tokio::time::timeout(Duration::from_secs(2), read).await {
-            Ok(Ok(Some(value))) => value,
-            Ok(Ok(None)) | Err(_) => continue,
-            Ok(Err(e)) => {
-                tracing::debug!(node, error = %e, "cannot read a node's ranks for the hang report");
-                continue;
-            }
+        let patience = Duration::from_secs(2);
+        let Some(value) = read_if_set(store, &key, patience, "a node's ranks in a hang").await
+        else {
+            continue;
         };
         match serde_json::from_slice::<Vec<serde_json::Value>>(&value) {
             Ok(ranks) => others.extend(ranks.iter().filter_map(hang::Summary::from_json)),
@@ -794,26 +802,14 @@ fn stopped_by_us(how: ExitKind) -> bool {
 /// The signal another node (or a worker) announced, if the job was asked to
 /// stop.
 async fn preempted_elsewhere(store: &JobStore, run_id: &str) -> Option<Signal> {
-    let key = keys::preempt(run_id);
-    let check = async {
-        if store.client.check(&[&key]).await? {
-            store.client.get_now(&key).await.map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-    match tokio::time::timeout(Duration::from_secs(5), check).await {
-        Ok(Ok(Some(value))) => Some(
-            crate::config::parse_signal(&String::from_utf8_lossy(&value))
-                .unwrap_or(Signal::SIGTERM),
-        ),
-        Ok(Ok(None)) => None,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "cannot check for a preemption");
-            None
-        }
-        Err(_) => None,
-    }
+    let value = read_if_set(
+        store,
+        &keys::preempt(run_id),
+        Duration::from_secs(5),
+        "a preemption",
+    )
+    .await?;
+    Some(crate::config::parse_signal(&String::from_utf8_lossy(&value)).unwrap_or(Signal::SIGTERM))
 }
 
 /// Tells every rank, on every node, that the job is asked to stop, through
