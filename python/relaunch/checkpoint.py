@@ -14,7 +14,8 @@ the ``with`` block the checkpoint is committed::
 On disk, ``DIR`` holds::
 
     step_00000042/               a committed checkpoint: the ranks' files and
-        manifest.json            every file's size and BLAKE3, the step, metrics
+        manifest.json            every file's size and BLAKE3, the step, metrics,
+                                 how long the save took (save_seconds)
     latest -> step_00000042      symlink to the newest commit (for people and tools)
     step_00000043.tmp-TOKEN/     being written (removed when stale)
     step_00000007.old-TOKEN/     being deleted (removed when stale)
@@ -331,11 +332,13 @@ class _Save:
         self._round = -1
         self._decision: Decision | None = None
         self._entered = False
+        self.started = 0.0
 
     def __enter__(self) -> Path | None:
         if self._entered:
             raise RuntimeError("a save() context can be entered only once; call save() again")
         self._entered = True
+        self.started = time.monotonic()
         _native.heartbeat(self.step)
         self._owner._begin(self)
         return self.path
@@ -769,6 +772,9 @@ class Checkpointer:
             "world_size": self.world_size if self._coordinated else 1,
             "strategy": self.strategy,
             "forced": decision.forced,
+            # From entering save() to this commit: what a stop warning must
+            # leave room for (`relaunch doctor --ckpt-dir` compares them).
+            "save_seconds": round(time.monotonic() - save.started, 3),
             "metrics": save.metrics,
             "metadata": save.metadata,
             "files": {n: {"size": s, "blake3": h} for n, (s, h) in sorted(files.items())},

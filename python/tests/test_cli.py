@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,6 +138,57 @@ def test_doctor_fails_on_a_taken_port():
         out = doctor("--port", str(busy.getsockname()[1]))
     assert out.returncode == 1
     assert "FAIL  rendezvous port" in out.stdout
+
+
+def slow_checkpoint(ckpt: Path, seconds: float) -> float:
+    """Commits one real checkpoint whose save takes `seconds`; its recorded time."""
+    code = (
+        "import sys, time, relaunch\n"
+        "ckpt = relaunch.Checkpointer(sys.argv[1])\n"
+        "with ckpt.save(7, force=True) as d:\n"
+        "    (d / 'w.bin').write_bytes(b'x' * 1000)\n"
+        "    time.sleep(float(sys.argv[2]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "MASTER_"))}
+    subprocess.run([sys.executable, "-c", code, str(ckpt), str(seconds)], check=True, env=env,
+                   timeout=60)  # fmt: skip
+    manifest = json.loads((ckpt / "step_00000007" / "manifest.json").read_text())
+    assert manifest["save_seconds"] >= seconds, manifest
+    return manifest["save_seconds"]
+
+
+def test_doctor_compares_the_grace_period_with_the_last_checkpoint(tmp_path):
+    """A grace period (no runtime shows it: --grace-period or
+    RELAUNCH_GRACE_PERIOD) shorter than the last save fails, one less than
+    twice it warns, a long one is fine; each says by how much."""
+    took = slow_checkpoint(tmp_path / "ckpt", 1.5)
+    levels = {}
+    for grace in ("1", "2.5", "60"):
+        out = doctor("--format", "json", "--ckpt-dir", str(tmp_path / "ckpt"),
+                     "--grace-period", grace)  # fmt: skip
+        (finding,) = [f for f in json.loads(out.stdout) if f["check"] == "grace period"]
+        assert f"step 7) took {took:.1f} s" in finding["found"], finding
+        assert f"kills {float(grace):.0f} s after" in finding["found"], finding
+        levels[grace] = (finding["level"], out.returncode)
+    assert levels == {"1": ("fail", 1), "2.5": ("warn", 0), "60": ("ok", 0)}, levels
+    env = dict(os.environ, RELAUNCH_GRACE_PERIOD="1")
+    out = doctor("--format", "json", "--ckpt-dir", str(tmp_path / "ckpt"), env=env)
+    (finding,) = [f for f in json.loads(out.stdout) if f["check"] == "grace period"]
+    assert finding["level"] == "fail", finding
+    assert f"terminationGracePeriodSeconds: {math.ceil(2 * took)} " in finding["fix"], finding
+
+
+def test_doctor_says_what_is_wrong_with_its_stop_inputs(tmp_path):
+    out = doctor("--grace-period", "soon")
+    assert out.returncode == 2
+    assert '"soon" is not a number of seconds' in out.stderr, out.stderr
+    out = doctor("--format", "json", "--ckpt-dir", str(tmp_path / "nothing-here"))
+    (finding,) = [f for f in json.loads(out.stdout) if f["check"] == "last checkpoint"]
+    assert finding["level"] == "warn" and "nothing-here" in finding["found"], finding
+    (tmp_path / "empty").mkdir()
+    out = doctor("--format", "json", "--ckpt-dir", str(tmp_path / "empty"))
+    (finding,) = [f for f in json.loads(out.stdout) if f["check"] == "last checkpoint"]
+    assert finding["found"].startswith("no committed checkpoint in"), finding
 
 
 def test_run_warns_about_host_problems_before_starting(tmp_path):

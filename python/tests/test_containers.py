@@ -6,7 +6,9 @@ agreed step and exits 75 within the grace period."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -105,3 +107,46 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
+
+
+def doctor_pid1(command: list, tmp_path: Path, **env: str) -> dict:
+    """`relaunch doctor`'s PID 1 finding, run by `command` as PID 1 of a new
+    PID namespace (the command writes the doctor's JSON to doctor.json)."""
+    unshare_or_skip()
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", *command],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, **env},
+    )  # fmt: skip
+    assert out.returncode in (0, 1), out.stdout + out.stderr
+    findings = json.loads((tmp_path / "doctor.json").read_text())
+    (pid1,) = [f for f in findings if f["check"] == "pid 1"]
+    return pid1
+
+
+DOCTOR = f"{shlex.quote(sys.executable)} -m relaunch doctor --format json > doctor.json"
+
+
+def test_doctor_warns_when_a_shell_is_pid_1(tmp_path):
+    """`sh -c "relaunch run ...; ..."` as a container's command: the shell
+    is PID 1 and does not pass the kubelet's SIGTERM on."""
+    pid1 = doctor_pid1(["sh", "-c", f"{DOCTOR}; true"], tmp_path)
+    assert pid1["level"] == "warn", pid1
+    assert "PID 1 is a shell (sh -c" in pid1["found"], pid1
+    assert "exec relaunch run" in pid1["fix"], pid1
+
+
+def test_doctor_is_content_when_relaunch_run_is_pid_1(tmp_path):
+    """`python -m relaunch run` as PID 1 (comm is the interpreter's name):
+    the doctor, run by the job's worker, sees relaunch there."""
+    script = tmp_path / "doctor_job.py"
+    script.write_text(
+        f"import subprocess, sys\nsubprocess.run({DOCTOR!r}, shell=True, check=False)\n"
+    )
+    pid1 = doctor_pid1(
+        [sys.executable, "-m", "relaunch", "run", "--nproc-per-node", "1", str(script)],
+        tmp_path,
+    )
+    assert pid1["level"] == "ok", pid1
+    assert pid1["found"].startswith("relaunch is PID 1"), pid1
+    assert "-m relaunch run" in pid1["found"], pid1

@@ -10,6 +10,8 @@ under CI."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TrackingServer, wait_for
+from test_cli import slow_checkpoint
 from test_launch_tracking import events, get
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +248,43 @@ def test_a_job_at_its_time_limit_requeues_itself_and_finishes(
     run = get(tracking_server, f"/runs/slurm-{job}")
     assert isinstance(run, dict)
     assert (run["status"], run["attempts"]) == ("finished", 2), run
+
+
+def test_doctor_in_a_job_checks_its_stop_warning_against_the_last_save(cluster, jobs, tmp_path):
+    """`relaunch doctor --ckpt-dir` inside real jobs: it reads the job's
+    `#SBATCH --signal` from SLURM (`scontrol write batch_script`) and fails
+    one that warns 2 s ahead when the last checkpoint took 2.5 s to save;
+    it warns that a --signal without B: never reaches a launcher that is
+    the batch shell, but not inside an srun step, which SLURM does signal."""
+    took = slow_checkpoint(tmp_path / "ckpt", 2.5)
+    doctor = f"{' '.join(RELAUNCH)} doctor --format json --ckpt-dir {tmp_path / 'ckpt'}"
+    early = tmp_path / "early.sh"
+    early.write_text(f"#!/bin/bash\n#SBATCH --signal=B:USR1@2\n{doctor} > early.json || true\n")
+    steps = tmp_path / "steps.sh"
+    steps.write_text(
+        "#!/bin/bash\n#SBATCH --time=5\n#SBATCH --signal=USR1@600\n"
+        f"{doctor} > batch.json || true\n"
+        f"srun --ntasks=1 {doctor} > step.json || true\n"
+    )
+    submitted = [sbatch(jobs, s, "--ntasks=1", "--output=out.txt", "--time=5")
+                 for s in (early, steps)]  # fmt: skip
+    wait_for(lambda: all(state(j) in ("COMPLETED", "FAILED", "CANCELLED") for j in submitted),
+             120, "the doctor jobs to end")  # fmt: skip
+
+    def finding(name: str) -> dict:
+        path = tmp_path / name
+        assert path.exists(), (tmp_path / "out.txt").read_text()
+        (found,) = [f for f in json.loads(path.read_text()) if f["check"] == "slurm stop warning"]
+        return found
+
+    f = finding("early.json")
+    assert f["level"] == "fail", f
+    assert "--signal=B:USR1@2 warns 2 s before the time limit" in f["found"], f
+    assert f"(step 7) took {took:.1f} s to save" in f["found"], f
+    assert f["fix"] == f"warn earlier: --signal=B:USR1@{math.ceil(2 * took)}", f
+    f = finding("batch.json")
+    assert f["level"] == "warn" and "has no B:" in f["found"], f
+    assert f["fix"] == "use --signal=B:USR1@600 (examples/slurm/train.sbatch)", f
+    f = finding("step.json")
+    assert f["level"] == "ok", f
+    assert "--signal=USR1@600 warns 600 s before the time limit" in f["found"], f

@@ -1,5 +1,6 @@
 //! `relaunch doctor`: checks this host for what breaks distributed training.
 
+use relaunch_launch::doctor::stops::{self, Stops};
 use relaunch_launch::doctor::{self, Finding, Host, Level};
 
 use crate::Context;
@@ -16,6 +17,8 @@ pub(crate) fn run(args: &DoctorArgs, context: &Context) -> anyhow::Result<u8> {
         .or_else(|| context.python.clone())
         .unwrap_or_else(|| "python3".into());
     findings.push(doctor::check_python(&python));
+    let grace = args.grace_period.map(|d| d.as_secs_f64());
+    findings.extend(stops::check(&Stops::probe(args.ckpt_dir.as_deref(), grace)));
     findings.sort_by_key(|f| std::cmp::Reverse(f.level));
     match args.format {
         DoctorFormat::Text => output::text(&render(&host.hostname, &findings)),

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use nix::sys::resource::{Resource, getrlimit};
 
+pub mod stops;
+
 /// How bad a finding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
