@@ -101,6 +101,17 @@ def requeued(job: int) -> bool:
     return True
 
 
+def accounting(job: int) -> list[str]:
+    """The state of each allocation of `job` in SLURM's accounting (sacct
+    through slurmdbd; -D: the requeued ones too), oldest first."""
+    out = subprocess.run(
+        ["sacct", "-j", str(job), "-X", "-D", "--noheader", "--parsable2", "-o", "JobID,State"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return [line.split("|")[1] for line in out.stdout.splitlines() if line.strip()]
+
+
 def batch_script(path: Path, body: str) -> Path:
     path.write_text("#!/bin/bash\nset -euo pipefail\n" + textwrap.dedent(body))
     path.chmod(0o755)
@@ -194,11 +205,14 @@ def test_a_preempted_job_is_requeued_and_resumes_to_the_same_parameters(
     high = batch_script(tmp_path / "high.sh", "sleep 2\n")
     sbatch(jobs, high, "--partition=high", "--ntasks=1", "--output=high.txt", "--time=1")
     wait_for(lambda: requeued(job) and state(job) != "REQUEUED", 90, "SLURM to requeue the job")
-    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
+    wait_for(lambda: requeued(job) and state(job) in ("RUNNING", "COMPLETED"), 120,
+             "the requeued job to start")  # fmt: skip
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED"), 240, "the job to end")
     log = (tmp_path / "out.txt").read_text()
     assert state(job) == "COMPLETED", log
     assert int(show(job)["Restarts"]) == 1, show(job)
+    wait_for(lambda: accounting(job)[-1:] == ["COMPLETED"], 30, "sacct to record the end")
+    assert accounting(job) == ["PREEMPTED", "COMPLETED"], accounting(job)
     stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
     assert len(stops) == 1, log  # both ranks stopped at one step
     stop = stops.pop()
@@ -235,7 +249,8 @@ def test_a_job_at_its_time_limit_requeues_itself_and_finishes(
     wait_for(lambda: int(show(job).get("Restarts", "0")) >= 1, 120, "the job to requeue itself")
     # The next allocation gets time to finish (SLURM keeps the limit).
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], check=True, timeout=30)
-    wait_for(lambda: requeued(job) and state(job) != "PENDING", 60, "the requeued job to start")
+    wait_for(lambda: requeued(job) and state(job) in ("RUNNING", "COMPLETED"), 120,
+             "the requeued job to start")  # fmt: skip
     wait_for(lambda: state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 240,
              "the job to end")  # fmt: skip
     log = (tmp_path / "out.txt").read_text()
@@ -243,6 +258,8 @@ def test_a_job_at_its_time_limit_requeues_itself_and_finishes(
     assert "SIGUSR1" in log and "exit code 75" in log, log
     assert f"scontrol requeue {job}" in log, log
     assert int(show(job)["Restarts"]) == 1, show(job)
+    wait_for(lambda: accounting(job)[-1:] == ["COMPLETED"], 30, "sacct to record the end")
+    assert accounting(job) == ["REQUEUED", "COMPLETED"], accounting(job)
     steps = [s for s, _ in losses(tmp_path / "losses")]
     assert steps == list(range(480)), steps  # every step once
     run = get(tracking_server, f"/runs/slurm-{job}")
