@@ -95,6 +95,9 @@ pub enum FilesCommand {
     Put(FilesPutArgs),
     /// Download a run's file; an interrupted download resumes, and the result is checked.
     Get(FilesGetArgs),
+    /// Make a run's files the same as a local directory (or the reverse), sending only what
+    /// differs, as rsync does.
+    Sync(FilesSyncArgs),
 }
 
 /// Options of `relaunch files ls`.
@@ -142,6 +145,49 @@ pub struct FilesGetArgs {
 
     /// Where to write it [default: its name's last part, here].
     pub dest: Option<PathBuf>,
+}
+
+/// Options of `relaunch files sync`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(after_help = "\
+Directions:
+  relaunch files sync DIR RUN[:PREFIX]   upload: the run's files under PREFIX become DIR's
+  relaunch files sync RUN[:PREFIX] DIR   download: DIR gets the run's files under PREFIX
+
+A file is sent when its size or BLAKE3 differs (a local cache of sizes, times and hashes
+saves rehashing what did not change); an upload sends only the chunks the server lacks, so
+a log that only grew sends its new tail. Nothing is deleted on the other side.
+
+Filters, as rsync's: --include and --exclude in the order given, the first that matches a
+path decides (none: included). * and ? stay inside one path part, ** crosses them; a
+pattern with a / is matched against the end of the relative path (from the top when it
+starts with /), one without against the last part; a trailing / matches directories only,
+and an excluded directory is not entered.")]
+pub struct FilesSyncArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// From: a local directory (upload), or RUN[:PREFIX] (download).
+    pub source: String,
+
+    /// To: RUN[:PREFIX] (upload), or a local directory, created if missing (download).
+    pub dest: String,
+
+    /// Sync the paths that match PATTERN (see the rules below); repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    pub include: Vec<String>,
+
+    /// Leave out the paths that match PATTERN; repeatable.
+    #[arg(long, value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+
+    /// Say what would be sent, and send nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+
+    /// --include and --exclude in the order given: (include?, pattern).
+    #[arg(skip)]
+    pub rules: Vec<(bool, String)>,
 }
 
 /// Options of `relaunch server`.

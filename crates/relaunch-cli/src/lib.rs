@@ -12,7 +12,7 @@ mod tracking;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 pub use cli::{
     CkptCommand, CkptPullArgs, Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs,
@@ -45,14 +45,21 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
+    let mut cli = match parsed {
+        Ok((mut cli, matches)) => {
+            order_filters(&mut cli, &matches);
+            cli
+        }
         Err(e) => {
             // Prints help and --version to stdout, errors to stderr.
             let _ = e.print();
             return if e.use_stderr() { 2 } else { 0 };
         }
     };
+    let cli = &mut cli;
     init_logging(&cli.log);
     match execute(&cli.command, context) {
         Ok(code) => code,
@@ -65,6 +72,34 @@ where
             1
         }
     }
+}
+
+/// `relaunch files sync`'s --include and --exclude, merged in the order
+/// they were given (rsync's rules depend on it; clap keeps each list apart).
+fn order_filters(cli: &mut Cli, matches: &clap::ArgMatches) {
+    let Command::Files(FilesCommand::Sync(args)) = &mut cli.command else {
+        return;
+    };
+    let Some(("files", files)) = matches.subcommand() else {
+        return;
+    };
+    let Some(("sync", sync)) = files.subcommand() else {
+        return;
+    };
+    let mut rules: Vec<(usize, bool, String)> = Vec::new();
+    for (id, include, values) in [
+        ("include", true, &args.include),
+        ("exclude", false, &args.exclude),
+    ] {
+        if let Some(indices) = sync.indices_of(id) {
+            rules.extend(indices.zip(values).map(|(i, v)| (i, include, v.clone())));
+        }
+    }
+    rules.sort_by_key(|(i, _, _)| *i);
+    args.rules = rules
+        .into_iter()
+        .map(|(_, include, v)| (include, v))
+        .collect();
 }
 
 fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
@@ -84,6 +119,7 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
         Command::Files(FilesCommand::Ls(args)) => commands::files::ls(args),
         Command::Files(FilesCommand::Put(args)) => commands::files::put(args),
         Command::Files(FilesCommand::Get(args)) => commands::files::get(args),
+        Command::Files(FilesCommand::Sync(args)) => commands::files::sync(args),
         Command::Ckpt(CkptCommand::Pull(args)) => commands::files::pull(args),
     }
 }

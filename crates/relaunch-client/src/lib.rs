@@ -12,6 +12,7 @@ pub mod files;
 pub mod hash;
 pub mod http;
 pub mod local;
+pub mod mirror;
 pub mod run;
 pub mod shipper;
 pub mod spool;

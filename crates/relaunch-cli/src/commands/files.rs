@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use relaunch_client::checkpoints;
 use relaunch_client::files::{download, upload};
+use relaunch_client::mirror::{self, Filter, Report};
 
-use crate::cli::{CkptPullArgs, FilesGetArgs, FilesLsArgs, FilesPutArgs, ListFormat};
+use crate::cli::{
+    CkptPullArgs, FilesGetArgs, FilesLsArgs, FilesPutArgs, FilesSyncArgs, ListFormat,
+};
 use crate::render::{age, now, table};
 use crate::{output, tracking};
 
@@ -109,6 +112,109 @@ pub(crate) fn get(args: &FilesGetArgs) -> anyhow::Result<u8> {
 }
 
 /// `relaunch ckpt pull`.
+/// `RUN[:PREFIX]`: the run and the prefix without its slashes at either end.
+fn run_and_prefix(spec: &str) -> (&str, &str) {
+    match spec.split_once(':') {
+        Some((run, prefix)) => (run, prefix.trim_matches('/')),
+        None => (spec, ""),
+    }
+}
+
+pub(crate) fn sync(args: &FilesSyncArgs) -> anyhow::Result<u8> {
+    let filter = Filter::new(&args.rules).map_err(|e| anyhow::anyhow!(e))?;
+    let upload = std::path::Path::new(&args.source).is_dir();
+    let (spec, local) = if upload {
+        (args.dest.as_str(), PathBuf::from(&args.source))
+    } else {
+        (args.source.as_str(), PathBuf::from(&args.dest))
+    };
+    let (run, prefix) = run_and_prefix(spec);
+    if let Err(e) = relaunch_api::names::check_name("run id", run) {
+        anyhow::bail!(
+            "{e}; `relaunch files sync` takes a local directory and RUN[:PREFIX], in either \
+             order{}",
+            if upload {
+                String::new()
+            } else {
+                format!(" ({} is not a local directory)", args.source)
+            }
+        );
+    }
+    if !prefix.is_empty() {
+        relaunch_api::files::check_file_name(prefix)
+            .map_err(|e| anyhow::anyhow!("the prefix in {spec:?}: {e}"))?;
+    }
+    if !upload && local.exists() && !local.is_dir() {
+        anyhow::bail!("{} is not a directory", local.display());
+    }
+    let client = tracking::connect(&args.connection)?;
+    let what = if upload { "uploading" } else { "downloading" };
+    let bar = output::transfer_bar(&format!("{what} {spec}"));
+    let progress = follow(&bar);
+    let report = tracking::block_on(async {
+        if upload {
+            mirror::push(
+                &client,
+                &local,
+                run,
+                prefix,
+                &filter,
+                args.dry_run,
+                &progress,
+            )
+            .await
+        } else {
+            mirror::pull(
+                &client,
+                run,
+                prefix,
+                &local,
+                &filter,
+                args.dry_run,
+                &progress,
+            )
+            .await
+        }
+    })?
+    .map_err(|e| tracking::explain(e, &client, Some(run)))?;
+    bar.finish_and_clear();
+    output::text(&summary(&report, upload, args.dry_run));
+    Ok(u8::from(!report.skipped.is_empty()))
+}
+
+/// What a sync did, one line per transfer on a dry run, then the totals.
+fn summary(report: &Report, upload: bool, dry_run: bool) -> String {
+    let mut text = String::new();
+    let verb = match (upload, dry_run) {
+        (true, true) => "would upload",
+        (false, true) => "would download",
+        (true, false) => "uploaded",
+        (false, false) => "downloaded",
+    };
+    if dry_run {
+        for t in &report.transfers {
+            text.push_str(&format!("{verb} {} ({} bytes)\n", t.name, t.size));
+        }
+    }
+    for skipped in &report.skipped {
+        text.push_str(&format!("not synced: {skipped}\n"));
+    }
+    let bytes: u64 = report.transfers.iter().map(|t| t.size).sum();
+    text.push_str(&format!(
+        "{} file(s) {verb} ({bytes} bytes{}), {} unchanged, {} excluded, {} not synced",
+        report.transfers.len(),
+        if dry_run {
+            String::new()
+        } else {
+            format!(", {} sent", report.sent_bytes)
+        },
+        report.unchanged,
+        report.excluded,
+        report.skipped.len(),
+    ));
+    text
+}
+
 pub(crate) fn pull(args: &CkptPullArgs) -> anyhow::Result<u8> {
     let client = tracking::connect(&args.connection)?;
     let bar = output::transfer_bar(&format!("pulling a checkpoint of {}", args.run));

@@ -1,0 +1,548 @@
+//! `relaunch files sync`: a local directory and a run's files (under a
+//! prefix) made the same, one way, sending only what differs (rsync for
+//! runs).
+//!
+//! - **What is compared**: size first; equal sizes are compared by BLAKE3,
+//!   except where the sync cache says the local file is unchanged since a
+//!   sync that saw it with that hash (same size and modification time, as
+//!   rsync's quick check). The cache is one JSON file per (server, run,
+//!   prefix, directory) under `$XDG_CACHE_HOME/relaunch/sync/` (else
+//!   `~/.cache/...`); it only saves hashing, and a lost or damaged cache
+//!   costs one hash of each file.
+//! - **What travels**: an upload sends only the chunks the server lacks, so
+//!   a log that only grew sends its new tail (and the chunk it ended in); a
+//!   download resumes and verifies its BLAKE3.
+//! - **Filters**: rsync's `--include`/`--exclude` rules, in the order given,
+//!   the first that matches a path deciding (none: included): `*` and `?`
+//!   stay inside one path part, `**` crosses them; a pattern with a `/` (or
+//!   `**`) is matched against the whole relative path (at its end, unless it
+//!   starts with `/`, which anchors it at the top), one without against the
+//!   last part; a trailing `/` matches directories only, and an excluded
+//!   directory is not entered.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use globset::{GlobBuilder, GlobMatcher};
+use relaunch_api::files::{FileInfo, check_file_name};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ClientError;
+use crate::files::{Progress, download, hash_file, upload};
+use crate::http::Client;
+
+/// One `--include` / `--exclude` rule.
+#[derive(Debug)]
+struct Rule {
+    include: bool,
+    dir_only: bool,
+    whole_path: bool,
+    matcher: GlobMatcher,
+}
+
+/// rsync's include/exclude rules, first match wins.
+#[derive(Debug, Default)]
+pub struct Filter {
+    rules: Vec<Rule>,
+}
+
+impl Filter {
+    /// `rules`: (include?, pattern) in the order given on the command line.
+    pub fn new(rules: &[(bool, String)]) -> Result<Self, String> {
+        let mut compiled = Vec::new();
+        for (include, text) in rules {
+            let flag = if *include { "--include" } else { "--exclude" };
+            let mut pattern = text.as_str();
+            let dir_only = pattern.len() > 1 && pattern.ends_with('/');
+            if dir_only {
+                pattern = &pattern[..pattern.len() - 1];
+            }
+            let anchored = pattern.starts_with('/');
+            if anchored {
+                pattern = &pattern[1..];
+            }
+            if pattern.is_empty() {
+                return Err(format!("{flag} {text:?}: an empty pattern matches nothing"));
+            }
+            let whole_path = anchored || pattern.contains('/') || pattern.contains("**");
+            let glob = if whole_path && !anchored {
+                format!("**/{pattern}")
+            } else {
+                pattern.to_owned()
+            };
+            let matcher = GlobBuilder::new(&glob)
+                .literal_separator(true)
+                .backslash_escape(true)
+                .build()
+                .map_err(|e| format!("{flag} {text:?} is not a pattern: {e}"))?
+                .compile_matcher();
+            compiled.push(Rule {
+                include: *include,
+                dir_only,
+                whole_path,
+                matcher,
+            });
+        }
+        Ok(Self { rules: compiled })
+    }
+
+    /// Whether the relative path `rel` (`/`-separated) is synced.
+    pub fn includes(&self, rel: &str, is_dir: bool) -> bool {
+        let last = rel.rsplit('/').next().unwrap_or(rel);
+        for rule in &self.rules {
+            if rule.dir_only && !is_dir {
+                continue;
+            }
+            let target = if rule.whole_path { rel } else { last };
+            if rule.matcher.is_match(target) {
+                return rule.include;
+            }
+        }
+        true
+    }
+
+    /// Whether `rel`, a file, is synced: each of its directories must be
+    /// (an excluded directory is not entered), then the file itself.
+    fn includes_file(&self, rel: &str) -> bool {
+        let mut end = 0;
+        while let Some(slash) = rel[end..].find('/') {
+            end += slash;
+            if !self.includes(&rel[..end], true) {
+                return false;
+            }
+            end += 1;
+        }
+        self.includes(rel, false)
+    }
+}
+
+/// A local file to sync.
+#[derive(Clone, Debug)]
+pub struct LocalFile {
+    /// Relative, `/`-separated.
+    pub rel: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub mtime_ns: u128,
+}
+
+/// What a walk of the local directory found.
+#[derive(Debug, Default)]
+pub struct Walked {
+    pub files: Vec<LocalFile>,
+    /// Files and directories the rules left out.
+    pub excluded: usize,
+    /// Symbolic links and special files, which are not synced.
+    pub skipped: Vec<String>,
+}
+
+fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// The files under `root` the filter keeps, in name order.
+pub fn walk(root: &Path, filter: &Filter) -> Result<Walked, ClientError> {
+    let mut walked = Walked::default();
+    let mut todo = vec![(root.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = todo.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .map_err(ClientError::io("read the directory", &dir))?
+            .collect::<Result<_, _>>()
+            .map_err(ClientError::io("read the directory", &dir))?;
+        entries.sort_by_key(std::fs::DirEntry::file_name);
+        for entry in entries.into_iter().rev() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let rel = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).map_err(ClientError::io("stat", &path))?;
+            if meta.is_dir() {
+                if filter.includes(&rel, true) {
+                    todo.push((path, rel));
+                } else {
+                    walked.excluded += 1;
+                }
+            } else if meta.is_file() {
+                if filter.includes(&rel, false) {
+                    walked.files.push(LocalFile {
+                        rel,
+                        path,
+                        size: meta.len(),
+                        mtime_ns: mtime_ns(&meta),
+                    });
+                } else {
+                    walked.excluded += 1;
+                }
+            } else if filter.includes(&rel, false) {
+                walked.skipped.push(rel);
+            }
+        }
+    }
+    walked.files.sort_by(|a, b| a.rel.cmp(&b.rel));
+    Ok(walked)
+}
+
+/// What the cache remembers of a local file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Seen {
+    size: u64,
+    mtime_ns: u128,
+    blake3: String,
+}
+
+/// The sync cache of one (server, run, prefix, directory).
+#[derive(Debug)]
+pub struct Cache {
+    path: Option<PathBuf>,
+    seen: BTreeMap<String, Seen>,
+}
+
+impl Cache {
+    /// The cache for this pairing; empty when there is none or it is unreadable.
+    pub fn open(server: &str, run: &str, prefix: &str, dir: &Path) -> Self {
+        let root = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        let canonical = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        let key =
+            blake3::hash(format!("{server}\n{run}\n{prefix}\n{}", canonical.display()).as_bytes());
+        let path = root.map(|r| {
+            r.join("relaunch")
+                .join("sync")
+                .join(format!("{}.json", &key.to_hex()[..32]))
+        });
+        let seen = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        Self { path, seen }
+    }
+
+    /// The file's hash if the cache saw it with this size and time.
+    fn hash_of(&self, file: &LocalFile) -> Option<&str> {
+        self.seen
+            .get(&file.rel)
+            .filter(|s| s.size == file.size && s.mtime_ns == file.mtime_ns && s.mtime_ns != 0)
+            .map(|s| s.blake3.as_str())
+    }
+
+    fn remember(&mut self, file: &LocalFile, blake3: &str) {
+        self.seen.insert(
+            file.rel.clone(),
+            Seen {
+                size: file.size,
+                mtime_ns: file.mtime_ns,
+                blake3: blake3.to_owned(),
+            },
+        );
+    }
+
+    /// Writes the cache (temporary name, rename); a failure only costs hashing later.
+    pub fn save(&self) {
+        let Some(path) = &self.path else { return };
+        let write = || -> std::io::Result<()> {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let temp = path.with_extension(format!("tmp-{}", std::process::id()));
+            std::fs::write(&temp, serde_json::to_vec(&self.seen).unwrap_or_default())?;
+            std::fs::rename(&temp, path)
+        };
+        if let Err(e) = write() {
+            tracing::debug!(cache = %path.display(), error = %e, "cannot write the sync cache");
+        }
+    }
+}
+
+/// Whether the local file holds exactly `blake3`: from the cache, else hashed.
+fn same_content(file: &LocalFile, blake3: &str, cache: &mut Cache) -> Result<bool, ClientError> {
+    if cache.hash_of(file) == Some(blake3) {
+        return Ok(true);
+    }
+    let hash = hash_file(&file.path)?;
+    cache.remember(file, &hash);
+    Ok(hash == blake3)
+}
+
+/// One file that needs sending (or fetching), and its size.
+#[derive(Clone, Debug)]
+pub struct Transfer {
+    /// Local path.
+    pub path: PathBuf,
+    /// Name in the run.
+    pub name: String,
+    pub size: u64,
+}
+
+/// What a sync did (or, on a dry run, would do).
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Files to send or fetch.
+    pub transfers: Vec<Transfer>,
+    /// Files already the same on both sides.
+    pub unchanged: usize,
+    /// Paths the rules left out.
+    pub excluded: usize,
+    /// Local paths not synced: links, special files, names a run cannot hold.
+    pub skipped: Vec<String>,
+    /// Bytes that travelled (chunks the other side lacked).
+    pub sent_bytes: u64,
+}
+
+/// `name` under `prefix`.
+fn join_name(prefix: &str, rel: &str) -> String {
+    if prefix.is_empty() {
+        rel.to_owned()
+    } else {
+        format!("{prefix}/{rel}")
+    }
+}
+
+/// The run's files under `prefix`, by their path below it.
+async fn remote_files(
+    client: &Client,
+    run: &str,
+    prefix: &str,
+) -> Result<HashMap<String, FileInfo>, ClientError> {
+    let below = if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    };
+    Ok(client
+        .files(run)
+        .await?
+        .into_iter()
+        .filter_map(|f| Some((f.name.strip_prefix(&below)?.to_owned(), f)))
+        .collect())
+}
+
+/// Uploads what differs from `dir` to `run` under `prefix`; `dry_run`
+/// decides without sending. `progress` sees bytes of the files being sent.
+pub async fn push(
+    client: &Client,
+    dir: &Path,
+    run: &str,
+    prefix: &str,
+    filter: &Filter,
+    dry_run: bool,
+    progress: &Progress<'_>,
+) -> Result<Report, ClientError> {
+    let walked = walk(dir, filter)?;
+    let remote = remote_files(client, run, prefix).await?;
+    let mut cache = Cache::open(client.url(), run, prefix, dir);
+    let mut report = Report {
+        excluded: walked.excluded,
+        skipped: walked.skipped,
+        ..Report::default()
+    };
+    let mut todo = Vec::new();
+    for file in walked.files {
+        let name = join_name(prefix, &file.rel);
+        if let Err(why) = check_file_name(&name) {
+            report.skipped.push(format!("{} ({why})", file.rel));
+            continue;
+        }
+        match remote.get(&file.rel) {
+            Some(r) if r.size == file.size && same_content(&file, &r.blake3, &mut cache)? => {
+                report.unchanged += 1;
+            }
+            _ => todo.push((file, name)),
+        }
+    }
+    report.transfers = todo
+        .iter()
+        .map(|(f, name)| Transfer {
+            path: f.path.clone(),
+            name: name.clone(),
+            size: f.size,
+        })
+        .collect();
+    if !dry_run {
+        let total: u64 = todo.iter().map(|(f, _)| f.size).sum();
+        let mut done = 0;
+        for (file, name) in &todo {
+            let base = done;
+            let each = |d: u64, _t: u64| progress(base + d, total);
+            let uploaded = upload(client, run, &file.path, name, &each).await?;
+            done += file.size;
+            report.sent_bytes += uploaded.sent_bytes;
+            cache.remember(file, &uploaded.file.blake3);
+        }
+    }
+    cache.save();
+    Ok(report)
+}
+
+/// Downloads what differs from `run`'s files under `prefix` into `dir`.
+pub async fn pull(
+    client: &Client,
+    run: &str,
+    prefix: &str,
+    dir: &Path,
+    filter: &Filter,
+    dry_run: bool,
+    progress: &Progress<'_>,
+) -> Result<Report, ClientError> {
+    let remote = remote_files(client, run, prefix).await?;
+    let mut cache = Cache::open(client.url(), run, prefix, dir);
+    let mut report = Report::default();
+    let mut names: Vec<_> = remote.into_iter().collect();
+    names.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut todo = Vec::new();
+    for (rel, info) in names {
+        if !filter.includes_file(&rel) {
+            report.excluded += 1;
+            continue;
+        }
+        // Server names are checked relative paths; checked again before
+        // they become local paths.
+        if check_file_name(&rel).is_err() {
+            report.skipped.push(rel);
+            continue;
+        }
+        let path = dir.join(&rel);
+        let local = std::fs::symlink_metadata(&path).ok();
+        let same = match &local {
+            Some(meta) if meta.is_file() && meta.len() == info.size => {
+                let file = LocalFile {
+                    rel: rel.clone(),
+                    path: path.clone(),
+                    size: meta.len(),
+                    mtime_ns: mtime_ns(meta),
+                };
+                same_content(&file, &info.blake3, &mut cache)?
+            }
+            _ => false,
+        };
+        if same {
+            report.unchanged += 1;
+        } else {
+            todo.push((rel, path, info));
+        }
+    }
+    report.transfers = todo
+        .iter()
+        .map(|(_, path, info)| Transfer {
+            path: path.clone(),
+            name: info.name.clone(),
+            size: info.size,
+        })
+        .collect();
+    if !dry_run {
+        let total: u64 = todo.iter().map(|(_, _, i)| i.size).sum();
+        let mut done = 0;
+        for (rel, path, info) in &todo {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(ClientError::io("create", parent))?;
+            }
+            let base = done;
+            let each = |d: u64, _t: u64| progress(base + d, total);
+            let got = download(client, run, &info.name, path, &each).await?;
+            done += info.size;
+            report.sent_bytes += got.size - got.resumed_from;
+            let meta = std::fs::metadata(path).map_err(ClientError::io("stat", path))?;
+            let file = LocalFile {
+                rel: rel.clone(),
+                path: path.clone(),
+                size: meta.len(),
+                mtime_ns: mtime_ns(&meta),
+            };
+            cache.remember(&file, &got.blake3);
+        }
+    }
+    cache.save();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(rules: &[(bool, &str)]) -> Filter {
+        let owned: Vec<(bool, String)> = rules.iter().map(|(i, p)| (*i, (*p).to_owned())).collect();
+        Filter::new(&owned).unwrap()
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides_as_in_rsync() {
+        let f = filter(&[(true, "keep.tmp"), (false, "*.tmp")]);
+        assert!(f.includes("a/keep.tmp", false));
+        assert!(!f.includes("a/b/x.tmp", false));
+        assert!(f.includes("a/b/x.pt", false));
+        let f = filter(&[(false, "*.tmp"), (true, "keep.tmp")]);
+        assert!(!f.includes("keep.tmp", false));
+    }
+
+    #[test]
+    fn slashes_anchors_double_stars_and_directory_patterns() {
+        // No slash: the last part, at any depth.
+        let f = filter(&[(false, "*.log")]);
+        assert!(!f.includes("deep/er/run.log", false));
+        // A slash: the end of the whole path, at a part boundary.
+        let f = filter(&[(false, "ckpt/*.pt")]);
+        assert!(!f.includes("ckpt/a.pt", false));
+        assert!(!f.includes("x/ckpt/a.pt", false));
+        assert!(f.includes("ckpt/sub/a.pt", false)); // * stays in one part
+        assert!(f.includes("myckpt/a.pt", false));
+        // A leading slash anchors at the top.
+        let f = filter(&[(false, "/out.txt")]);
+        assert!(!f.includes("out.txt", false));
+        assert!(f.includes("sub/out.txt", false));
+        // ** crosses parts.
+        let f = filter(&[(false, "logs/**")]);
+        assert!(!f.includes("logs/a/b/c.txt", false));
+        // A trailing slash: directories only.
+        let f = filter(&[(false, "cache/")]);
+        assert!(!f.includes("cache", true));
+        assert!(f.includes("cache", false));
+        // A file inside an excluded directory is excluded.
+        assert!(!f.includes_file("cache/x.bin"));
+        assert!(f.includes_file("data/cache.bin"));
+    }
+
+    #[test]
+    fn bad_patterns_say_which() {
+        let err = Filter::new(&[(false, "a[".into())]).unwrap_err();
+        assert!(
+            err.starts_with("--exclude \"a[\" is not a pattern"),
+            "{err}"
+        );
+        let err = Filter::new(&[(true, "/".into())]).unwrap_err();
+        assert!(err.contains("--include \"/\": an empty pattern"), "{err}");
+    }
+
+    #[test]
+    fn a_walk_skips_excluded_directories_and_links_in_name_order() {
+        let root = std::env::temp_dir().join(format!("relaunch-walk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for p in [
+            "b.txt",
+            "a/x.pt",
+            "a/y.tmp",
+            "cache/big.bin",
+            "z/deep/w.txt",
+        ] {
+            let path = root.join(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, p).unwrap();
+        }
+        std::os::unix::fs::symlink(root.join("b.txt"), root.join("link")).unwrap();
+        let f = filter(&[(false, "cache/"), (false, "*.tmp")]);
+        let walked = walk(&root, &f).unwrap();
+        let rels: Vec<_> = walked.files.iter().map(|f| f.rel.as_str()).collect();
+        assert_eq!(rels, ["a/x.pt", "b.txt", "z/deep/w.txt"]);
+        assert_eq!(walked.excluded, 2);
+        assert_eq!(walked.skipped, ["link"]);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

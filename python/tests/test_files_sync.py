@@ -1,0 +1,188 @@
+"""`relaunch files sync`: a job's output directory mirrored to its run and
+back, against the real server, sending only what differs (size, then
+BLAKE3; a log that only grew sends its tail), with rsync's include/exclude
+rules, dry runs, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import pytest
+from conftest import TrackingServer
+from test_files import MiB, cli, new_run, random_file
+from test_launch_tracking import get
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> dict[str, str]:
+    """A sync cache of the test's own (XDG_CACHE_HOME)."""
+    return {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def sync(server: TrackingServer, env: dict[str, str], *args: object):
+    return cli("files", "sync", "--server", server.url, *args, env=env)
+
+
+def totals(out: str) -> dict[str, int]:
+    """The summary line's numbers."""
+    line = out.strip().splitlines()[-1]
+    m = re.match(
+        r"(\d+) file\(s\) (?:would )?\w+ \((\d+) bytes(?:, (\d+) sent)?\), (\d+) unchanged, "
+        r"(\d+) excluded, (\d+) not synced",
+        line,
+    )
+    assert m, line
+    keys = ("files", "bytes", "sent", "unchanged", "excluded", "skipped")
+    return {k: int(v) if v is not None else -1 for k, v in zip(keys, m.groups(), strict=True)}
+
+
+def files_of(server: TrackingServer, run: str) -> dict[str, dict]:
+    listed = get(server, f"/runs/{run}/files")
+    assert isinstance(listed, list)
+    return {f["name"]: f for f in listed}
+
+
+def tree(root: Path) -> Path:
+    (root / "ckpt").mkdir(parents=True)
+    random_file(root / "ckpt" / "model.pt", 3 * MiB, 1)
+    random_file(root / "ckpt" / "optim.pt", 1 * MiB, 2)
+    (root / "train.log").write_text(
+        "".join(f"step {i} loss {1 / (i + 1):.6f}\n" for i in range(400_000))
+    )
+    (root / "cfg.json").write_text(json.dumps({"lr": 0.1}))
+    (root / "tmp").mkdir()
+    (root / "tmp" / "scratch.bin").write_bytes(b"x" * 1000)
+    (root / "ckpt" / "partial.tmp").write_bytes(b"y" * 100)
+    return root
+
+
+def test_a_directory_syncs_once_then_only_what_changed(tracking_server, tmp_path, cache):
+    new_run(tracking_server, "job")
+    out = tree(tmp_path / "out")
+    first = sync(tracking_server, cache, out, "job:outputs", "--exclude", "tmp/",
+                 "--exclude", "*.tmp")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    t = totals(first.stdout)
+    assert (t["files"], t["unchanged"], t["excluded"]) == (4, 0, 2), first.stdout
+    stored = files_of(tracking_server, "job")
+    assert sorted(stored) == [
+        "outputs/cfg.json", "outputs/ckpt/model.pt", "outputs/ckpt/optim.pt", "outputs/train.log",
+    ]  # fmt: skip
+    assert stored["outputs/ckpt/model.pt"]["size"] == 3 * MiB
+
+    again = sync(tracking_server, cache, out, "job:outputs", "--exclude", "tmp/",
+                 "--exclude", "*.tmp")  # fmt: skip
+    assert totals(again.stdout) == {**totals(again.stdout), "files": 0, "unchanged": 4}
+
+    # One checkpoint rewritten, the log grown by a few lines: only they go,
+    # and the log sends its tail, not its whole.
+    random_file(out / "ckpt" / "optim.pt", 1 * MiB, 3)
+    log_size = (out / "train.log").stat().st_size
+    with open(out / "train.log", "a") as f:
+        f.write("step 5000 loss 0.000200\n" * 10)
+    third = sync(tracking_server, cache, out, "job:outputs", "--exclude", "tmp/",
+                 "--exclude", "*.tmp")  # fmt: skip
+    t = totals(third.stdout)
+    assert (t["files"], t["unchanged"]) == (2, 2), third.stdout
+    assert t["sent"] < 1 * MiB + log_size // 2, third.stdout  # not the whole log again
+    stored = files_of(tracking_server, "job")
+    assert stored["outputs/train.log"]["size"] == (out / "train.log").stat().st_size
+
+
+def test_without_the_cache_unchanged_files_are_recognised_by_their_hash(tracking_server, tmp_path):
+    new_run(tracking_server, "job")
+    out = tree(tmp_path / "out")
+    env_a = {"XDG_CACHE_HOME": str(tmp_path / "a")}
+    assert sync(tracking_server, env_a, out, "job").returncode == 0
+    env_b = {"XDG_CACHE_HOME": str(tmp_path / "b")}  # another machine: no cache
+    t = totals(sync(tracking_server, env_b, out, "job").stdout)
+    assert (t["files"], t["unchanged"]) == (0, 6)
+    # A damaged cache costs a hash, not a wrong answer.
+    for f in (tmp_path / "b").rglob("*.json"):
+        f.write_text("{not json")
+    (out / "cfg.json").write_text(json.dumps({"lr": 0.2}))  # same size, other bytes
+    t = totals(sync(tracking_server, env_b, out, "job").stdout)
+    assert (t["files"], t["unchanged"]) == (1, 5)
+
+
+def test_the_first_matching_rule_decides_in_the_order_given(tracking_server, tmp_path, cache):
+    new_run(tracking_server, "job")
+    out = tmp_path / "out"
+    (out / "a").mkdir(parents=True)
+    for name in ("keep.tmp", "drop.tmp", "a/keep.tmp", "a/x.txt", "top.txt"):
+        (out / name).write_text(name)
+    r = sync(tracking_server, cache, out, "job:one", "--include", "keep.tmp", "--exclude", "*.tmp",
+             "--exclude", "/top.txt")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    names = sorted(n for n in files_of(tracking_server, "job") if n.startswith("one/"))
+    assert names == ["one/a/keep.tmp", "one/a/x.txt", "one/keep.tmp"]
+    r = sync(tracking_server, cache, out, "job:two", "--exclude", "*.tmp", "--include", "keep.tmp")
+    names = sorted(n for n in files_of(tracking_server, "job") if n.startswith("two/"))
+    assert names == ["two/a/x.txt", "two/top.txt"]
+
+
+def test_a_run_syncs_back_into_a_directory_and_repairs_what_differs(
+    tracking_server, tmp_path, cache
+):
+    new_run(tracking_server, "job")
+    out = tree(tmp_path / "out")
+    assert sync(tracking_server, cache, out, "job:outputs").returncode == 0
+    back = tmp_path / "back"
+    dry = sync(tracking_server, cache, "job:outputs", back, "--dry-run", "--exclude", "ckpt/")
+    assert dry.returncode == 0, dry.stderr
+    assert "would download outputs/train.log" in dry.stdout
+    assert not back.exists()  # a dry run writes nothing
+    r = sync(tracking_server, cache, "job:outputs", back, "--exclude", "ckpt/")
+    assert r.returncode == 0, r.stderr
+    got = sorted(str(p.relative_to(back)) for p in back.rglob("*") if p.is_file())
+    assert got == ["cfg.json", "tmp/scratch.bin", "train.log"]
+    assert (back / "train.log").read_bytes() == (out / "train.log").read_bytes()
+    (back / "cfg.json").write_text('{"lr": 9.9}')  # damaged locally, same size
+    r = sync(tracking_server, cache, "job:outputs", back, "--exclude", "ckpt/")
+    t = totals(r.stdout)
+    assert (t["files"], t["unchanged"], t["excluded"]) == (1, 2, 3), r.stdout
+    assert json.loads((back / "cfg.json").read_text()) == {"lr": 0.1}
+
+
+def test_bad_input_says_what_is_wrong(tracking_server, tmp_path, cache):
+    new_run(tracking_server, "job")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fine.txt").write_text("ok")
+    (out / "has space.txt").write_text("no")
+    os.symlink(out / "fine.txt", out / "link")
+    r = sync(tracking_server, cache, out, "job")
+    assert r.returncode == 1, r.stdout  # the others synced, these are named
+    assert "not synced: link" in r.stdout
+    assert re.search(r"not synced: has space\.txt \(file name .* is not allowed", r.stdout)
+    assert "job" and "fine.txt" in files_of(tracking_server, "job")
+    r = sync(tracking_server, cache, out, "job", "--exclude", "a[")
+    assert r.returncode == 1 and '--exclude "a[" is not a pattern' in r.stderr, r.stderr
+    r = sync(tracking_server, cache, tmp_path / "nowhere", "job")
+    assert r.returncode == 1
+    assert "is not allowed" in r.stderr and "is not a local directory" in r.stderr, r.stderr
+    r = sync(tracking_server, cache, out, "job:../up")
+    assert r.returncode == 1 and "the prefix in" in r.stderr, r.stderr
+    r = sync(tracking_server, cache, out, "nosuchrun")
+    assert r.returncode == 1 and "nosuchrun" in r.stderr, r.stderr
+
+
+def test_a_random_tree_round_trips(tracking_server, tmp_path, cache):
+    """Many small files at several depths, up and back down, byte for byte."""
+    new_run(tracking_server, "job")
+    rng = random.Random(7)
+    src = tmp_path / "src"
+    for i in range(300):
+        path = src / f"d{rng.randrange(5)}" / f"e{rng.randrange(3)}" / f"f{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(rng.randrange(0, 5000)))
+    assert sync(tracking_server, cache, src, "job:tree").returncode == 0
+    dst = tmp_path / "dst"
+    assert sync(tracking_server, cache, "job:tree", dst).returncode == 0
+    for path in src.rglob("*.bin"):
+        assert (dst / path.relative_to(src)).read_bytes() == path.read_bytes()
+    assert len(list(dst.rglob("*.bin"))) == 300
