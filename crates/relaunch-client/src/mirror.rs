@@ -24,6 +24,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures_util::stream::{self, StreamExt};
 use globset::{GlobBuilder, GlobMatcher};
 use relaunch_api::files::{FileInfo, check_file_name};
 use serde::{Deserialize, Serialize};
@@ -31,6 +34,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::ClientError;
 use crate::files::{Progress, download, hash_file, upload};
 use crate::http::Client;
+
+/// Files sent (or fetched) at once: small files cost a few round trips
+/// each, which overlap; each upload also sends its chunks in parallel.
+const FILES_AT_ONCE: usize = 8;
 
 /// One `--include` / `--exclude` rule.
 #[derive(Debug)]
@@ -202,6 +209,7 @@ struct Seen {
 pub struct Cache {
     path: Option<PathBuf>,
     seen: BTreeMap<String, Seen>,
+    changed: bool,
 }
 
 impl Cache {
@@ -224,7 +232,11 @@ impl Cache {
             .and_then(|p| std::fs::read(p).ok())
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default();
-        Self { path, seen }
+        Self {
+            path,
+            seen,
+            changed: false,
+        }
     }
 
     /// The file's hash if the cache saw it with this size and time.
@@ -236,19 +248,24 @@ impl Cache {
     }
 
     fn remember(&mut self, file: &LocalFile, blake3: &str) {
-        self.seen.insert(
-            file.rel.clone(),
-            Seen {
-                size: file.size,
-                mtime_ns: file.mtime_ns,
-                blake3: blake3.to_owned(),
-            },
-        );
+        let seen = Seen {
+            size: file.size,
+            mtime_ns: file.mtime_ns,
+            blake3: blake3.to_owned(),
+        };
+        if self.seen.get(&file.rel) != Some(&seen) {
+            self.seen.insert(file.rel.clone(), seen);
+            self.changed = true;
+        }
     }
 
-    /// Writes the cache (temporary name, rename); a failure only costs hashing later.
+    /// Writes the cache if it learnt something (temporary name, rename); a
+    /// failure only costs hashing later.
     pub fn save(&self) {
         let Some(path) = &self.path else { return };
+        if !self.changed {
+            return;
+        }
         let write = || -> std::io::Result<()> {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent)?;
@@ -369,12 +386,24 @@ pub async fn push(
         .collect();
     if !dry_run {
         let total: u64 = todo.iter().map(|(f, _)| f.size).sum();
-        let mut done = 0;
-        for (file, name) in &todo {
-            let base = done;
-            let each = |d: u64, _t: u64| progress(base + d, total);
-            let uploaded = upload(client, run, &file.path, name, &each).await?;
-            done += file.size;
+        let done = AtomicU64::new(0);
+        let mut sends = stream::iter(todo.iter().map(|(file, name)| {
+            let done = &done;
+            async move {
+                let seen = AtomicU64::new(0);
+                let each = |d: u64, _t: u64| {
+                    let before = seen.swap(d, Ordering::Relaxed);
+                    let now = done.fetch_add(d.saturating_sub(before), Ordering::Relaxed);
+                    progress(now + d.saturating_sub(before), total);
+                };
+                upload(client, run, &file.path, name, &each)
+                    .await
+                    .map(|uploaded| (file, uploaded))
+            }
+        }))
+        .buffer_unordered(FILES_AT_ONCE);
+        while let Some(sent) = sends.next().await {
+            let (file, uploaded) = sent?;
             report.sent_bytes += uploaded.sent_bytes;
             cache.remember(file, &uploaded.file.blake3);
         }
@@ -440,23 +469,34 @@ pub async fn pull(
         .collect();
     if !dry_run {
         let total: u64 = todo.iter().map(|(_, _, i)| i.size).sum();
-        let mut done = 0;
-        for (rel, path, info) in &todo {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(ClientError::io("create", parent))?;
+        let done = AtomicU64::new(0);
+        let mut fetches = stream::iter(todo.iter().map(|(rel, path, info)| {
+            let done = &done;
+            async move {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(ClientError::io("create", parent))?;
+                }
+                let seen = AtomicU64::new(0);
+                let each = |d: u64, _t: u64| {
+                    let before = seen.swap(d, Ordering::Relaxed);
+                    let now = done.fetch_add(d.saturating_sub(before), Ordering::Relaxed);
+                    progress(now + d.saturating_sub(before), total);
+                };
+                let got = download(client, run, &info.name, path, &each).await?;
+                let meta = std::fs::metadata(path).map_err(ClientError::io("stat", path))?;
+                let file = LocalFile {
+                    rel: rel.clone(),
+                    path: path.clone(),
+                    size: meta.len(),
+                    mtime_ns: mtime_ns(&meta),
+                };
+                Ok::<_, ClientError>((file, got))
             }
-            let base = done;
-            let each = |d: u64, _t: u64| progress(base + d, total);
-            let got = download(client, run, &info.name, path, &each).await?;
-            done += info.size;
+        }))
+        .buffer_unordered(FILES_AT_ONCE);
+        while let Some(fetched) = fetches.next().await {
+            let (file, got) = fetched?;
             report.sent_bytes += got.size - got.resumed_from;
-            let meta = std::fs::metadata(path).map_err(ClientError::io("stat", path))?;
-            let file = LocalFile {
-                rel: rel.clone(),
-                path: path.clone(),
-                size: meta.len(),
-                mtime_ns: mtime_ns(&meta),
-            };
             cache.remember(&file, &got.blake3);
         }
     }
