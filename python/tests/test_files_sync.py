@@ -9,11 +9,13 @@ import json
 import os
 import random
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TrackingServer
-from test_files import MiB, cli, new_run, random_file
+from conftest import TrackingServer, wait_for
+from test_files import RELAUNCH, MiB, cli, new_run, random_file
 from test_launch_tracking import get
 
 
@@ -186,3 +188,91 @@ def test_a_random_tree_round_trips(tracking_server, tmp_path, cache):
     for path in src.rglob("*.bin"):
         assert (dst / path.relative_to(src)).read_bytes() == path.read_bytes()
     assert len(list(dst.rglob("*.bin"))) == 300
+
+
+def wait_listed(server: TrackingServer, run: str, name: str, timeout: float) -> None:
+    def listed() -> bool:
+        try:
+            return name in files_of(server, run)
+        except OSError:
+            return False
+
+    wait_for(listed, timeout, f"{name} on the server")
+
+
+def test_watch_keeps_syncing_and_a_sigterm_makes_a_last_pass(tracking_server, tmp_path, cache):
+    new_run(tracking_server, "job")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "first.txt").write_text("1")
+    watcher = subprocess.Popen(
+        [*RELAUNCH, "files", "sync", "--server", tracking_server.url, "--watch", "0.3",
+         str(out), "job:w"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **cache},
+    )  # fmt: skip
+    try:
+        wait_listed(tracking_server, "job", "w/first.txt", 30)
+        (out / "second.txt").write_text("2")
+        wait_listed(tracking_server, "job", "w/second.txt", 30)  # a later pass
+        (out / "last.txt").write_text("3")
+        watcher.send_signal(signal.SIGTERM)  # at once: only the last pass can send it
+        stdout, stderr = watcher.communicate(timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.communicate()
+    assert watcher.returncode == 0, stderr
+    assert "w/last.txt" in files_of(tracking_server, "job")
+    assert "last pass: " in stdout, stdout
+    r = sync(tracking_server, cache, "job:w", tmp_path / "back", "--watch", "1")
+    assert r.returncode == 1 and "--watch keeps a local directory uploaded" in r.stderr
+
+
+def test_run_sync_dir_mirrors_the_output_folder_while_training_and_after_any_exit(
+    tracking_server, tmp_path, cache
+):
+    """The job writes early.txt, trains a while, writes final.txt and fails:
+    early.txt reaches the run while the job runs, final.txt after it ended."""
+    out = tmp_path / "outputs"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "out = sys.argv[1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "open(os.path.join(out, 'early.txt'), 'w').write('early')\n"
+        "while not os.path.exists(os.path.join(out, 'go')):\n"
+        "    time.sleep(0.05)\n"
+        "open(os.path.join(out, 'final.txt'), 'w').write('final')\n"
+        "sys.exit(3)\n"
+    )
+    job = subprocess.Popen(
+        [*RELAUNCH, "run", "--server", tracking_server.url, "--run-id", "syncjob",
+         "--tracking-dir", tmp_path / "spool", "--sync-dir", out, "--sync-every", "0.3",
+         "--nproc-per-node", "1", script, out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **cache},
+    )  # fmt: skip
+    try:
+        wait_listed(tracking_server, "syncjob", "outputs/early.txt", 60)
+        assert job.poll() is None  # synced while the job runs
+        (out / "go").write_text("")
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode != 0, stderr  # the worker failed
+    stored = files_of(tracking_server, "syncjob")
+    assert "outputs/final.txt" in stored, stderr  # the last pass, after a failure
+    assert stored["outputs/final.txt"]["size"] == len("final")
+    assert re.search(r"--sync-dir .*: [12] file\(s\) uploaded", stderr), stderr
+
+
+def test_sync_dir_flags_are_checked_before_anything_starts(tmp_path):
+    r = cli("run", "--sync-dir", tmp_path, "--nproc-per-node", "1", "x.py",
+            env={"RELAUNCH_SERVER": ""})  # fmt: skip
+    assert r.returncode == 2 and "give --server URL" in r.stderr, r.stderr
+    r = cli("run", "--server", "http://127.0.0.1:9", "--sync-dir", tmp_path, "--sync-every", "0",
+            "--nproc-per-node", "1", "x.py")  # fmt: skip
+    assert r.returncode == 2 and "--sync-every 0" in r.stderr, r.stderr

@@ -185,6 +185,10 @@ pub struct FilesSyncArgs {
     #[arg(long, short = 'n')]
     pub dry_run: bool,
 
+    /// Keep the directory uploaded: a pass every SECONDS until SIGTERM or SIGINT, then a last one.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, conflicts_with = "dry_run")]
+    pub watch: Option<Duration>,
+
     /// --include and --exclude in the order given: (include?, pattern).
     #[arg(skip)]
     pub rules: Vec<(bool, String)>,
@@ -668,6 +672,19 @@ pub struct RunArgs {
         help_heading = "Tracking"
     )]
     pub system_metrics_interval: f64,
+
+    /// Mirror DIR (the job's output folder) to the run's files under DIR's name (NODE/DIR's name on several nodes) while the job runs, every --sync-every seconds, and once more after the last worker exits, whatever the exit. Needs --server.
+    #[arg(long = "sync-dir", value_name = "DIR", help_heading = "Tracking")]
+    pub sync_dir: Option<PathBuf>,
+
+    /// Seconds between --sync-dir passes.
+    #[arg(
+        long = "sync-every",
+        default_value_t = 60.0,
+        value_name = "SECONDS",
+        help_heading = "Tracking"
+    )]
+    pub sync_every: f64,
 
     /// Print the resolved settings and where each came from (flag, scheduler variable, default), then exit without starting anything.
     #[arg(long = "print-config")]

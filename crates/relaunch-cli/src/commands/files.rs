@@ -148,6 +148,16 @@ pub(crate) fn sync(args: &FilesSyncArgs) -> anyhow::Result<u8> {
         anyhow::bail!("{} is not a directory", local.display());
     }
     let client = tracking::connect(&args.connection)?;
+    if let Some(every) = args.watch {
+        if !upload {
+            anyhow::bail!(
+                "--watch keeps a local directory uploaded: give the directory first, then \
+                 RUN[:PREFIX] ({} is not a local directory)",
+                args.source
+            );
+        }
+        return watch(&client, &local, run, prefix, &filter, every);
+    }
     let what = if upload { "uploading" } else { "downloading" };
     let bar = output::transfer_bar(&format!("{what} {spec}"));
     let progress = follow(&bar);
@@ -182,8 +192,48 @@ pub(crate) fn sync(args: &FilesSyncArgs) -> anyhow::Result<u8> {
     Ok(u8::from(!report.skipped.is_empty()))
 }
 
+/// `--watch`: a pass every `every` until SIGTERM or SIGINT, then a last
+/// one whose failure is the command's. A pass that fails (the server away)
+/// is reported and tried again at the next.
+fn watch(
+    client: &relaunch_client::http::Client,
+    dir: &std::path::Path,
+    run: &str,
+    prefix: &str,
+    filter: &Filter,
+    every: std::time::Duration,
+) -> anyhow::Result<u8> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let quiet = |_: u64, _: u64| {};
+    tracking::block_on(async {
+        let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
+        loop {
+            match mirror::push(client, dir, run, prefix, filter, false, &quiet).await {
+                Ok(report) if report.transfers.is_empty() && report.skipped.is_empty() => {}
+                Ok(report) => output::text(&summary(&report, true, false)),
+                Err(e) => output::status(&format!(
+                    "relaunch files sync: {}; trying again in {} s",
+                    tracking::explain(e, client, Some(run)),
+                    every.as_secs_f64()
+                )),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+            }
+        }
+        let report = mirror::push(client, dir, run, prefix, filter, false, &quiet)
+            .await
+            .map_err(|e| tracking::explain(e, client, Some(run)))?;
+        output::text(&format!("last pass: {}", summary(&report, true, false)));
+        Ok(u8::from(!report.skipped.is_empty()))
+    })?
+}
+
 /// What a sync did, one line per transfer on a dry run, then the totals.
-fn summary(report: &Report, upload: bool, dry_run: bool) -> String {
+pub(crate) fn summary(report: &Report, upload: bool, dry_run: bool) -> String {
     let mut text = String::new();
     let verb = match (upload, dry_run) {
         (true, true) => "would upload",

@@ -23,6 +23,7 @@ mod hostlist;
 mod kubernetes;
 mod scheduler;
 mod slurm;
+mod sync_dir;
 
 /// torchrun's store port when none is given on several nodes.
 const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -32,6 +33,7 @@ const DEFAULT_SHUTDOWN_TIMEOUT: f64 = 30.0;
 /// Runs the job; returns the launcher's exit code.
 pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
     let resolved = resolve(args, context, &scheduler::process_env).map_err(UsageError)?;
+    let sync = sync_dir(args, &resolved.config).map_err(UsageError)?;
     if args.print_config {
         crate::output::text(&resolved.report());
         return Ok(0);
@@ -39,6 +41,15 @@ pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
     let Resolved {
         config, requeue, ..
     } = resolved;
+    let mirror = match (sync, &config.tracking) {
+        (Some(sync), Some(tracking)) => Some(sync_dir::Mirror::start(
+            sync,
+            &tracking.server,
+            tracking.token.as_deref(),
+            config.run_id.clone(),
+        )?),
+        _ => None,
+    };
     // A runtime on this thread: workers are spawned from it, and the kernel
     // sends their death signal when the spawning thread ends, so it must be
     // the thread that lives as long as the launcher.
@@ -47,6 +58,10 @@ pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
         .build()
         .context("cannot start the async runtime")?;
     let outcome = runtime.block_on(relaunch_launch::launch(config));
+    // Whatever the outcome: the folder as the workers left it.
+    if let Some(mirror) = mirror {
+        mirror.finish();
+    }
     match outcome {
         Ok(outcome) => {
             if let (Outcome::Stopped { clean: true, .. }, Some(requeue)) = (&outcome, &requeue) {
@@ -507,6 +522,50 @@ fn default_python() -> OsString {
         "python"
     }
     .into()
+}
+
+/// `--sync-dir`: the folder, its prefix in the run (its name; on several
+/// nodes under this node's hostname) and the pass interval.
+fn sync_dir(args: &RunArgs, config: &LaunchConfig) -> Result<Option<sync_dir::SyncDir>, String> {
+    let Some(dir) = &args.sync_dir else {
+        return Ok(None);
+    };
+    if config.tracking.is_none() {
+        return Err(format!(
+            "--sync-dir {} mirrors the folder to the job's run on a tracking server: give \
+             --server URL (or set RELAUNCH_SERVER)",
+            dir.display()
+        ));
+    }
+    let every = seconds("--sync-every", args.sync_every)?;
+    if every.is_zero() {
+        return Err("--sync-every 0: give the seconds between passes, e.g. 60".into());
+    }
+    let dir = std::path::absolute(dir).map_err(|e| format!("--sync-dir {}: {e}", dir.display()))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| {
+            format!(
+                "--sync-dir {}: the folder has no name to file it under",
+                dir.display()
+            )
+        })?;
+    let prefix = if config.nnodes.max > 1 {
+        let host = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("node{}", config.node_rank));
+        format!("{host}/{name}")
+    } else {
+        name
+    };
+    relaunch_api::files::check_file_name(&prefix).map_err(|e| {
+        format!(
+            "--sync-dir {}: the run's files would be named {e}",
+            dir.display()
+        )
+    })?;
+    Ok(Some(sync_dir::SyncDir { dir, prefix, every }))
 }
 
 /// `--server` and its companions; `None` without a server.
