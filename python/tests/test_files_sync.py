@@ -276,3 +276,32 @@ def test_sync_dir_flags_are_checked_before_anything_starts(tmp_path):
     r = cli("run", "--server", "http://127.0.0.1:9", "--sync-dir", tmp_path, "--sync-every", "0",
             "--nproc-per-node", "1", "x.py")  # fmt: skip
     assert r.returncode == 2 and "--sync-every 0" in r.stderr, r.stderr
+
+
+def test_delete_removes_what_the_other_side_lacks_but_never_what_is_excluded(
+    tracking_server, tmp_path, cache
+):
+    new_run(tracking_server, "job")
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    for name in ("a.txt", "b.txt", "sub/c.txt", "keep.log"):
+        (out / name).write_text(name)
+    assert sync(tracking_server, cache, out, "job:o").returncode == 0
+    for name in ("b.txt", "sub/c.txt", "keep.log"):
+        (out / name).unlink()
+    dry = sync(tracking_server, cache, out, "job:o", "--delete", "--exclude", "*.log", "-n")
+    assert "would delete o/b.txt" in dry.stdout and "would delete o/sub/c.txt" in dry.stdout
+    assert len(files_of(tracking_server, "job")) == 4  # a dry run deletes nothing
+    r = sync(tracking_server, cache, out, "job:o", "--delete", "--exclude", "*.log")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith(", 2 deleted"), r.stdout
+    assert sorted(files_of(tracking_server, "job")) == ["o/a.txt", "o/keep.log"]  # excluded: kept
+    # Downloading with --delete removes local files the run does not have.
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "stale.txt").write_text("old")
+    (back / "mine.log").write_text("excluded, so kept")
+    r = sync(tracking_server, cache, "job:o", back, "--delete", "--exclude", "*.log")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in back.iterdir()) == ["a.txt", "mine.log"]
+    assert "deleted stale.txt" in r.stdout

@@ -156,7 +156,8 @@ Directions:
 
 A file is sent when its size or BLAKE3 differs (a local cache of sizes, times and hashes
 saves rehashing what did not change); an upload sends only the chunks the server lacks, so
-a log that only grew sends its new tail. Nothing is deleted on the other side.
+a log that only grew sends its new tail. With --delete, what the other side has and this
+side does not is removed there (never what the filters leave out).
 
 Filters, as rsync's: --include and --exclude in the order given, the first that matches a
 path decides (none: included). * and ? stay inside one path part, ** crosses them; a
@@ -184,6 +185,11 @@ pub struct FilesSyncArgs {
     /// Say what would be sent, and send nothing.
     #[arg(long, short = 'n')]
     pub dry_run: bool,
+
+    /// Also remove from the other side what this side does not have (rsync's --delete); paths
+    /// the filters leave out are never removed.
+    #[arg(long)]
+    pub delete: bool,
 
     /// Keep the directory uploaded: a pass every SECONDS until SIGTERM or SIGINT, then a last one.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds, conflicts_with = "dry_run")]

@@ -283,6 +283,16 @@ impl Client {
         .await
     }
 
+    /// Removes `name` from the run; what it was.
+    pub async fn delete_file(&self, run: &str, name: &str) -> Result<FileInfo, ClientError> {
+        check_file_name(name).map_err(ClientError::Config)?;
+        self.call(
+            "deleting a file",
+            self.run_request(Method::DELETE, run, &format!("/files/{name}"))?,
+        )
+        .await
+    }
+
     /// The response to a download of `name` from byte `from` on (a `Range`
     /// request when `from > 0`), checked to be a success.
     pub async fn download(

@@ -313,6 +313,20 @@ pub struct Report {
     pub skipped: Vec<String>,
     /// Bytes that travelled (chunks the other side lacked).
     pub sent_bytes: u64,
+    /// With `delete`: what the other side had and this side does not (names
+    /// in the run on an upload, local paths on a download).
+    pub deleted: Vec<String>,
+}
+
+/// How a sync runs: what it leaves out, whether it deletes, whether it acts.
+#[derive(Debug, Default)]
+pub struct Options {
+    pub filter: Filter,
+    /// Remove from the other side what this side does not have (rsync's
+    /// `--delete`); paths the filter leaves out are never removed.
+    pub delete: bool,
+    /// Decide, and change nothing.
+    pub dry_run: bool,
 }
 
 /// `name` under `prefix`.
@@ -350,11 +364,17 @@ pub async fn push(
     dir: &Path,
     run: &str,
     prefix: &str,
-    filter: &Filter,
-    dry_run: bool,
+    options: &Options,
     progress: &Progress<'_>,
 ) -> Result<Report, ClientError> {
+    let (filter, dry_run) = (&options.filter, options.dry_run);
     let walked = walk(dir, filter)?;
+    let present: std::collections::HashSet<String> = walked
+        .files
+        .iter()
+        .map(|f| f.rel.clone())
+        .chain(walked.skipped.iter().cloned())
+        .collect();
     let remote = remote_files(client, run, prefix).await?;
     let mut cache = Cache::open(client.url(), run, prefix, dir);
     let mut report = Report {
@@ -408,6 +428,20 @@ pub async fn push(
             cache.remember(file, &uploaded.file.blake3);
         }
     }
+    if options.delete {
+        let mut extra: Vec<_> = remote
+            .iter()
+            .filter(|(rel, _)| !present.contains(*rel) && filter.includes_file(rel))
+            .map(|(_, info)| info.name.clone())
+            .collect();
+        extra.sort();
+        for name in extra {
+            if !dry_run {
+                client.delete_file(run, &name).await?;
+            }
+            report.deleted.push(name);
+        }
+    }
     cache.save();
     Ok(report)
 }
@@ -418,13 +452,31 @@ pub async fn pull(
     run: &str,
     prefix: &str,
     dir: &Path,
-    filter: &Filter,
-    dry_run: bool,
+    options: &Options,
     progress: &Progress<'_>,
 ) -> Result<Report, ClientError> {
+    let (filter, dry_run) = (&options.filter, options.dry_run);
     let remote = remote_files(client, run, prefix).await?;
+    let mut deleted = Vec::new();
+    if options.delete && dir.is_dir() {
+        let mut extra: Vec<_> = walk(dir, filter)?
+            .files
+            .into_iter()
+            .filter(|f| !remote.contains_key(&f.rel))
+            .collect();
+        extra.sort_by(|a, b| a.rel.cmp(&b.rel));
+        for file in extra {
+            if !dry_run {
+                std::fs::remove_file(&file.path).map_err(ClientError::io("delete", &file.path))?;
+            }
+            deleted.push(file.rel);
+        }
+    }
     let mut cache = Cache::open(client.url(), run, prefix, dir);
-    let mut report = Report::default();
+    let mut report = Report {
+        deleted,
+        ..Report::default()
+    };
     let mut names: Vec<_> = remote.into_iter().collect();
     names.sort_by(|a, b| a.0.cmp(&b.0));
     let mut todo = Vec::new();

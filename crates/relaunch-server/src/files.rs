@@ -287,6 +287,20 @@ pub(crate) async fn list(
     ))
 }
 
+/// `DELETE /runs/{id}/files/{name}`: the file leaves the run (its chunks
+/// stay: other files may share them); the answer is what it was.
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    RunFile { run, name }: RunFile,
+) -> Result<Json<FileInfo>, AppError> {
+    Ok(Json(
+        crate::api::blocking(&state.storage, move |s| {
+            s.delete_file(&run, &name, crate::api::now())
+        })
+        .await?,
+    ))
+}
+
 /// The byte range a `Range` header asks for, inclusive; `None` for the
 /// whole file (no header, or one we do not serve partially: several ranges).
 fn parse_range(value: &str, size: u64) -> Result<Option<(u64, u64)>, ()> {

@@ -116,7 +116,9 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/files", post(files::commit).get(files::list))
         .route(
             "/runs/{id}/files/{*name}",
-            get(files::download).put(files::put_file),
+            get(files::download)
+                .put(files::put_file)
+                .delete(files::delete),
         )
         .route("/chunks/missing", post(files::missing))
         .route("/chunks/{hash}", put(files::put_chunk))

@@ -433,6 +433,9 @@ mod gated {
         fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError> {
             self.inner.file(run, name)
         }
+        fn delete_file(&self, run: &str, name: &str, now: f64) -> Result<FileInfo, StorageError> {
+            self.inner.delete_file(run, name, now)
+        }
     }
 }
 

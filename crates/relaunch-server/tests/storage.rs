@@ -859,6 +859,29 @@ fn a_committed_file_replaces_the_one_of_the_same_name_whole() {
             s.file("r", "missing"),
             Err(StorageError::NotFound(_))
         ));
+        // A deleted file is gone from the list and from reads; deleting it
+        // again, or from a run that does not exist, is NotFound.
+        let gone = s.delete_file("r", "b/model.pt", 5.0).unwrap();
+        assert_eq!(
+            (gone.name.as_str(), gone.size, gone.chunks),
+            ("b/model.pt", 30, 3)
+        );
+        let names: Vec<_> = s.files("r").unwrap().into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["a.txt"]);
+        assert!(matches!(
+            s.file("r", "b/model.pt"),
+            Err(StorageError::NotFound(_))
+        ));
+        for (run, name) in [("r", "b/model.pt"), ("nope", "a.txt")] {
+            assert!(matches!(
+                s.delete_file(run, name, 6.0),
+                Err(StorageError::NotFound(_))
+            ));
+        }
+        // And committed again under its name, it is back.
+        s.commit_file("r", &file("b/model.pt", &['a']), 7.0)
+            .unwrap();
+        assert_eq!(s.files("r").unwrap().len(), 2);
     });
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context as _;
 use relaunch_client::checkpoints;
 use relaunch_client::files::{download, upload};
-use relaunch_client::mirror::{self, Filter, Report};
+use relaunch_client::mirror::{self, Filter, Options, Report};
 
 use crate::cli::{
     CkptPullArgs, FilesGetArgs, FilesLsArgs, FilesPutArgs, FilesSyncArgs, ListFormat,
@@ -121,7 +121,11 @@ fn run_and_prefix(spec: &str) -> (&str, &str) {
 }
 
 pub(crate) fn sync(args: &FilesSyncArgs) -> anyhow::Result<u8> {
-    let filter = Filter::new(&args.rules).map_err(|e| anyhow::anyhow!(e))?;
+    let options = Options {
+        filter: Filter::new(&args.rules).map_err(|e| anyhow::anyhow!(e))?,
+        delete: args.delete,
+        dry_run: args.dry_run,
+    };
     let upload = std::path::Path::new(&args.source).is_dir();
     let (spec, local) = if upload {
         (args.dest.as_str(), PathBuf::from(&args.source))
@@ -156,34 +160,16 @@ pub(crate) fn sync(args: &FilesSyncArgs) -> anyhow::Result<u8> {
                 args.source
             );
         }
-        return watch(&client, &local, run, prefix, &filter, every);
+        return watch(&client, &local, run, prefix, &options, every);
     }
     let what = if upload { "uploading" } else { "downloading" };
     let bar = output::transfer_bar(&format!("{what} {spec}"));
     let progress = follow(&bar);
     let report = tracking::block_on(async {
         if upload {
-            mirror::push(
-                &client,
-                &local,
-                run,
-                prefix,
-                &filter,
-                args.dry_run,
-                &progress,
-            )
-            .await
+            mirror::push(&client, &local, run, prefix, &options, &progress).await
         } else {
-            mirror::pull(
-                &client,
-                run,
-                prefix,
-                &local,
-                &filter,
-                args.dry_run,
-                &progress,
-            )
-            .await
+            mirror::pull(&client, run, prefix, &local, &options, &progress).await
         }
     })?
     .map_err(|e| tracking::explain(e, &client, Some(run)))?;
@@ -200,7 +186,7 @@ fn watch(
     dir: &std::path::Path,
     run: &str,
     prefix: &str,
-    filter: &Filter,
+    options: &Options,
     every: std::time::Duration,
 ) -> anyhow::Result<u8> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -209,8 +195,11 @@ fn watch(
         let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
         loop {
-            match mirror::push(client, dir, run, prefix, filter, false, &quiet).await {
-                Ok(report) if report.transfers.is_empty() && report.skipped.is_empty() => {}
+            match mirror::push(client, dir, run, prefix, options, &quiet).await {
+                Ok(report)
+                    if report.transfers.is_empty()
+                        && report.skipped.is_empty()
+                        && report.deleted.is_empty() => {}
                 Ok(report) => output::text(&summary(&report, true, false)),
                 Err(e) => output::status(&format!(
                     "relaunch files sync: {}; trying again in {} s",
@@ -224,7 +213,7 @@ fn watch(
                 _ = int.recv() => break,
             }
         }
-        let report = mirror::push(client, dir, run, prefix, filter, false, &quiet)
+        let report = mirror::push(client, dir, run, prefix, options, &quiet)
             .await
             .map_err(|e| tracking::explain(e, client, Some(run)))?;
         output::text(&format!("last pass: {}", summary(&report, true, false)));
@@ -249,9 +238,13 @@ pub(crate) fn summary(report: &Report, upload: bool, dry_run: bool) -> String {
     for skipped in &report.skipped {
         text.push_str(&format!("not synced: {skipped}\n"));
     }
+    let deleting = if dry_run { "would delete" } else { "deleted" };
+    for deleted in &report.deleted {
+        text.push_str(&format!("{deleting} {deleted}\n"));
+    }
     let bytes: u64 = report.transfers.iter().map(|t| t.size).sum();
     text.push_str(&format!(
-        "{} file(s) {verb} ({bytes} bytes{}), {} unchanged, {} excluded, {} not synced",
+        "{} file(s) {verb} ({bytes} bytes{}), {} unchanged, {} excluded, {} not synced{}",
         report.transfers.len(),
         if dry_run {
             String::new()
@@ -261,6 +254,11 @@ pub(crate) fn summary(report: &Report, upload: bool, dry_run: bool) -> String {
         report.unchanged,
         report.excluded,
         report.skipped.len(),
+        if report.deleted.is_empty() {
+            String::new()
+        } else {
+            format!(", {} {deleting}", report.deleted.len())
+        },
     ));
     text
 }

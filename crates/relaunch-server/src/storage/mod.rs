@@ -124,6 +124,10 @@ pub trait Storage: Send + Sync + 'static {
     /// One file and its chunks, in order.
     fn file(&self, run: &str, name: &str) -> Result<(FileInfo, Vec<ChunkRef>), StorageError>;
 
+    /// Removes `name` from the run, in one step, and returns what it was.
+    /// Its chunks stay stored (other files may share them).
+    fn delete_file(&self, run: &str, name: &str, now: f64) -> Result<FileInfo, StorageError>;
+
     /// Calls `changed` whenever another process that shares this storage
     /// (a replica on the same database) stores console lines, so that log
     /// follows here wake at once; the server announces its own writes

@@ -1113,6 +1113,25 @@ impl Storage for PgStorage {
             Ok((file_row(&row), chunks))
         })
     }
+
+    fn delete_file(&self, run: &str, name: &str, now: f64) -> Result<FileInfo, StorageError> {
+        let now = now_or(now);
+        self.write(|tx| {
+            lock_run(tx, run)?;
+            let row = tx
+                .query_opt(
+                    "DELETE FROM files WHERE run_id = $1 AND name = $2 \
+                     RETURNING name, size, blake3, n_chunks, created_at",
+                    &[&run, &name],
+                )?
+                .ok_or_else(|| runs::no_file(run, name))?;
+            tx.execute(
+                "UPDATE runs SET updated_at = $2 WHERE id = $1",
+                &[&run, &now],
+            )?;
+            Ok(file_row(&row))
+        })
+    }
 }
 
 struct PgChunks<'t, 'c> {

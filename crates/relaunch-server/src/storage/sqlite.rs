@@ -931,6 +931,29 @@ impl Storage for SqliteStorage {
             Ok((info, runs::chunks_from(&chunks, run, name)?))
         })
     }
+
+    fn delete_file(&self, run: &str, name: &str, now: f64) -> Result<FileInfo, StorageError> {
+        let (run, name, now) = (run.to_owned(), name.to_owned(), now_or(now));
+        self.write(move |conn| {
+            get_run(conn, &run)?;
+            let gone = conn
+                .query_row(
+                    "DELETE FROM files WHERE run_id = ?1 AND name = ?2
+                     RETURNING name, size, blake3, n_chunks, created_at",
+                    params![run, name],
+                    file_row,
+                )
+                .optional()
+                .map_err(backend)?
+                .ok_or_else(|| runs::no_file(&run, &name))?;
+            conn.execute(
+                "UPDATE runs SET updated_at = ?2 WHERE id = ?1",
+                params![run, now],
+            )
+            .map_err(backend)?;
+            Ok(gone)
+        })
+    }
 }
 
 fn file_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {

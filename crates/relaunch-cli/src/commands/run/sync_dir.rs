@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use relaunch_client::http::Client;
-use relaunch_client::mirror::{self, Filter};
+use relaunch_client::mirror::{self, Options};
 
 use crate::commands::files::summary;
 use crate::output;
@@ -68,14 +68,12 @@ impl Mirror {
                         return;
                     }
                     let quiet = |_: u64, _: u64| {};
-                    let filter = Filter::default();
                     let done = runtime.block_on(mirror::push(
                         &client,
                         &sync.dir,
                         &run,
                         &sync.prefix,
-                        &filter,
-                        false,
+                        &Options::default(),
                         &quiet,
                     ));
                     let place = format!("{} to {run}:{}", sync.dir.display(), sync.prefix);
