@@ -40,7 +40,7 @@ use crate::http::Client;
 const FILES_AT_ONCE: usize = 8;
 
 /// One `--include` / `--exclude` rule.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Rule {
     include: bool,
     dir_only: bool,
@@ -49,7 +49,7 @@ struct Rule {
 }
 
 /// rsync's include/exclude rules, first match wins.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Filter {
     rules: Vec<Rule>,
 }
@@ -169,7 +169,8 @@ pub fn walk(root: &Path, filter: &Filter) -> Result<Walked, ClientError> {
                 format!("{prefix}/{name}")
             };
             let path = entry.path();
-            let meta = std::fs::symlink_metadata(&path).map_err(ClientError::io("stat", &path))?;
+            // From the directory's own handle (no path lookup), not following links.
+            let meta = entry.metadata().map_err(ClientError::io("stat", &path))?;
             if meta.is_dir() {
                 if filter.includes(&rel, true) {
                     todo.push((path, rel));
@@ -368,14 +369,21 @@ pub async fn push(
     progress: &Progress<'_>,
 ) -> Result<Report, ClientError> {
     let (filter, dry_run) = (&options.filter, options.dry_run);
-    let walked = walk(dir, filter)?;
+    // The walk (system calls) and the listing (the network) overlap.
+    let walking = {
+        let (dir, filter) = (dir.to_path_buf(), filter.clone());
+        tokio::task::spawn_blocking(move || walk(&dir, &filter))
+    };
+    let remote = remote_files(client, run, prefix).await?;
+    let walked = walking
+        .await
+        .map_err(|e| ClientError::Config(format!("the directory walk failed: {e}")))??;
     let present: std::collections::HashSet<String> = walked
         .files
         .iter()
         .map(|f| f.rel.clone())
         .chain(walked.skipped.iter().cloned())
         .collect();
-    let remote = remote_files(client, run, prefix).await?;
     let mut cache = Cache::open(client.url(), run, prefix, dir);
     let mut report = Report {
         excluded: walked.excluded,
