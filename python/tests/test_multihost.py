@@ -105,6 +105,33 @@ def report(launchers: list[Launcher]) -> str:
     )
 
 
+def elastic_job(
+    hosts: list, tmp_path: Path, endpoint: str, rdzv_id: str, *worker_args: object
+) -> tuple[Path, list[Launcher]]:
+    """An elastic job (``--nnodes 2:3``) of WORKER, one launcher per host,
+    its ranks writing to ``tmp_path/out``: that folder and the launchers."""
+    out = tmp_path / "out"
+    out.mkdir()
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", rdzv_id, *ELASTIC,
+            WORKER, out, "--step-time", "0.05", "--timeout", "30", *worker_args,
+        )
+        for h in hosts
+    ]  # fmt: skip
+    return out, launchers
+
+
+def trained(out: Path, host: str, world: int) -> bool:
+    """Whether `host` has trained a step in a world of `world`."""
+    return any(r["host"] == host and r["world"] == world for r in steps(out))
+
+
+def wait_three_training(out: Path, host: str) -> None:
+    wait_for(lambda: trained(out, host, 3), 120, "three hosts training")
+
+
 def test_a_static_job_on_three_hosts_equals_one_host(hosts, tmp_path):
     """Three launchers, one rank each, across real addresses: the parameters
     are bitwise those of three ranks on one host (same world, same data)."""
@@ -149,25 +176,13 @@ def test_elastic_survivors_go_on_when_a_host_is_cut_and_it_is_readmitted(hosts, 
     round is an attempt of its own (``RELAUNCH_ATTEMPT``, the number the
     tracking run gives it), though only the round without host 2 is a
     restart (``TORCHELASTIC_RESTART_COUNT``, torchrun's count)."""
-    out = tmp_path / "out"
-    out.mkdir()
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
-    launchers = [
-        Launcher(
-            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", "cut", *ELASTIC,
-            # Not done before a step in a world of 3 again: the cut host
-            # must be readmitted for the job to end (else step 2000).
-            WORKER, out, "--steps", "40", "--min-world", "3", "--max-steps", "2000",
-            "--step-time", "0.05", "--timeout", "30",
-        )
-        for h in hosts
-    ]  # fmt: skip
-
-    def trained(host: str, world: int) -> bool:
-        return any(r["host"] == host and r["world"] == world for r in steps(out))
-
-    wait_for(lambda: trained("h2", 3), 120, "three hosts training")
+    # Not done before a step in a world of 3 again: the cut host must be
+    # readmitted for the job to end (else step 2000).
+    out, launchers = elastic_job(
+        hosts, tmp_path, endpoint, "cut", "--steps", "40", "--min-world", "3", "--max-steps", "2000"
+    )
+    wait_three_training(out, "h2")
     hosts[2].cut()
     wait_for(
         lambda: any(r["world"] == 2 for r in steps(out)),
@@ -214,22 +229,9 @@ def test_a_standalone_store_outlives_node_0(hosts, tmp_path):
             stderr=err,
         )
     wait_for(lambda: "listening on" in store_log.read_text(), 60, "the store to listen")
-    out = tmp_path / "out"
-    out.mkdir()
     endpoint = f"{store_host.addr}:{STORE_PORT}"
-    launchers = [
-        Launcher(
-            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", "standalone", *ELASTIC,
-            WORKER, out, "--steps", "60", "--step-time", "0.05", "--timeout", "30",
-        )
-        for h in nodes
-    ]  # fmt: skip
-    wait_for(
-        lambda: any(r["host"] == "h0" and r["world"] == 3 for r in steps(out)),
-        120,
-        "three hosts training",
-    )
+    out, launchers = elastic_job(nodes, tmp_path, endpoint, "standalone", "--steps", "60")
+    wait_three_training(out, "h0")
     hosts[0].cut()
     codes = [la.wait(timeout=150) for la in launchers[1:]]
     assert codes == [0, 0], report(launchers)
@@ -247,22 +249,9 @@ def test_a_store_lost_with_node_0_ends_the_job_with_a_clear_message(hosts, tmp_p
     unreachable and how to have one that outlives any node, once they gave
     the store ``read_timeout`` (60 s) to answer again, instead of waiting
     out the store client's own timeout (10 minutes)."""
-    out = tmp_path / "out"
-    out.mkdir()
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
-    launchers = [
-        Launcher(
-            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", "lost-store", *ELASTIC,
-            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
-        )
-        for h in hosts
-    ]  # fmt: skip
-    wait_for(
-        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
-        120,
-        "three hosts training",
-    )
+    out, launchers = elastic_job(hosts, tmp_path, endpoint, "lost-store", "--steps", "100000")
+    wait_three_training(out, "h2")
     hosts[0].cut()
     codes = [la.wait(timeout=180) for la in launchers[1:]]
     assert all(code not in (0, None) for code in codes), report(launchers)
@@ -292,23 +281,18 @@ def test_a_host_back_from_a_cut_does_not_fail_the_survivors_attempt(hosts, tmp_p
     agreed step (both launchers exit 75), not as failed ranks."""
     import signal as _signal
 
-    out = tmp_path / "out"
-    out.mkdir()
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
-    launchers = [
-        Launcher(
-            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", "late-failure", *ELASTIC,
-            WORKER, out, "--steps", "100000", "--step-time", "0.05", "--timeout", "30",
-            "--preemption", "--fail-file",
-        )
-        for h in hosts
-    ]  # fmt: skip
-    wait_for(
-        lambda: any(r["host"] == "h2" and r["world"] == 3 for r in steps(out)),
-        120,
-        "three hosts training",
+    out, launchers = elastic_job(
+        hosts,
+        tmp_path,
+        endpoint,
+        "late-failure",
+        "--steps",
+        "100000",
+        "--preemption",
+        "--fail-file",
     )
+    wait_three_training(out, "h2")
     hosts[2].cut()
     (out / "fail.h2").touch()
     wait_for(lambda: any(r["world"] == 2 for r in steps(out)), 120, "the two survivors training")

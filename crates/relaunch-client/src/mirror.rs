@@ -330,6 +330,32 @@ pub struct Options {
     pub dry_run: bool,
 }
 
+/// Progress over several files in flight at once: each file's callback
+/// reports its own position, [`Overall::file`] turns that into the total.
+struct Overall {
+    done: AtomicU64,
+    total: u64,
+}
+
+impl Overall {
+    fn new(total: u64) -> Self {
+        Self {
+            done: AtomicU64::new(0),
+            total,
+        }
+    }
+
+    /// The callback for one file, passing the sum of every file's bytes on.
+    fn file<'a>(&'a self, progress: &'a Progress<'_>) -> impl Fn(u64, u64) + Send + Sync + 'a {
+        let seen = AtomicU64::new(0);
+        move |position, _| {
+            let grown = position.saturating_sub(seen.swap(position, Ordering::Relaxed));
+            let now = self.done.fetch_add(grown, Ordering::Relaxed) + grown;
+            progress(now, self.total);
+        }
+    }
+}
+
 /// `name` under `prefix`.
 fn join_name(prefix: &str, rel: &str) -> String {
     if prefix.is_empty() {
@@ -413,17 +439,11 @@ pub async fn push(
         })
         .collect();
     if !dry_run {
-        let total: u64 = todo.iter().map(|(f, _)| f.size).sum();
-        let done = AtomicU64::new(0);
+        let done = Overall::new(todo.iter().map(|(f, _)| f.size).sum());
         let mut sends = stream::iter(todo.iter().map(|(file, name)| {
             let done = &done;
             async move {
-                let seen = AtomicU64::new(0);
-                let each = |d: u64, _t: u64| {
-                    let before = seen.swap(d, Ordering::Relaxed);
-                    let now = done.fetch_add(d.saturating_sub(before), Ordering::Relaxed);
-                    progress(now + d.saturating_sub(before), total);
-                };
+                let each = done.file(progress);
                 upload(client, run, &file.path, name, &each)
                     .await
                     .map(|uploaded| (file, uploaded))
@@ -528,20 +548,14 @@ pub async fn pull(
         })
         .collect();
     if !dry_run {
-        let total: u64 = todo.iter().map(|(_, _, i)| i.size).sum();
-        let done = AtomicU64::new(0);
+        let done = Overall::new(todo.iter().map(|(_, _, i)| i.size).sum());
         let mut fetches = stream::iter(todo.iter().map(|(rel, path, info)| {
             let done = &done;
             async move {
                 if let Some(parent) = path.parent() {
                     std::fs::create_dir_all(parent).map_err(ClientError::io("create", parent))?;
                 }
-                let seen = AtomicU64::new(0);
-                let each = |d: u64, _t: u64| {
-                    let before = seen.swap(d, Ordering::Relaxed);
-                    let now = done.fetch_add(d.saturating_sub(before), Ordering::Relaxed);
-                    progress(now + d.saturating_sub(before), total);
-                };
+                let each = done.file(progress);
                 let got = download(client, run, &info.name, path, &each).await?;
                 let meta = std::fs::metadata(path).map_err(ClientError::io("stat", path))?;
                 let file = LocalFile {
