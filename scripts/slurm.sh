@@ -87,7 +87,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: how long slurmd refuses a job id it just stopped, and so
+# how long SLURM holds a requeued job before it may start again (120 s by
+# default). Starting it sooner fails it ("Job credential revoked").
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
