@@ -29,8 +29,8 @@ cargo test --workspace --locked
 
 install_relaunch
 say "ruff"
-"$VENV/bin/ruff" check python examples bench
-"$VENV/bin/ruff" format --check python examples bench
+"$VENV/bin/ruff" check python examples bench build_backend
+"$VENV/bin/ruff" format --check python examples bench build_backend
 say "pytest"
 "$PY" -m pytest "$@"
 say "the dashboard in a real browser"

@@ -7,15 +7,16 @@ Two figures, each the median of `--repeat` alternating runs:
   (8 workers that exit at once, so the time is the launcher's own);
 - stop time: 8 `sleep` workers, SIGTERM to the launcher, time until the
   launcher has exited and no worker is left.
-relaunch is measured as users run it (the `relaunch` script of the Python
-package) and as the bare Rust binary. The ratio is relaunch's advantage.
+relaunch is measured as users run it (the native `relaunch` command the
+wheel installs) and through Python (`python -m relaunch`, which starts an
+interpreter and imports the package first). The ratio is relaunch's
+advantage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -84,13 +85,9 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=8)
     a = p.parse_args()
 
-    subprocess.run(
-        ["cargo", "build", "--release", "--quiet", "-p", "relaunch-cli"], cwd=ROOT, check=True
-    )
-    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     launchers = {
-        "relaunch (script)": [str(BIN / "relaunch"), "run"],
-        "relaunch (binary)": [str(target / "release" / "relaunch"), "run"],
+        "relaunch": [str(BIN / "relaunch"), "run"],
+        "python -m relaunch": [sys.executable, "-m", "relaunch", "run"],
         "torchrun": [shutil.which("torchrun", path=str(BIN)) or "torchrun"],
     }
     rows = []
@@ -100,7 +97,7 @@ def main() -> None:
             for k, cmd in launchers.items():
                 samples[k].append(fn(cmd, a.nproc))
         med = {k: statistics.median(v) for k, v in samples.items()}
-        for k in ["relaunch (script)", "relaunch (binary)"]:
+        for k in ["relaunch", "python -m relaunch"]:
             ratio = med["torchrun"] / med[k]
             rows.append((f"{name}, {a.nproc} workers", k, med[k], med["torchrun"], ratio))
             print(

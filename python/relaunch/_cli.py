@@ -1,4 +1,5 @@
-"""The ``relaunch`` console script: hands the command line to the Rust CLI."""
+"""``python -m relaunch``: hands the command line to the Rust CLI, in-process
+(the `relaunch` command itself is the native binary the wheel installs)."""
 
 import signal
 import sys

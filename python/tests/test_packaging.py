@@ -1,4 +1,4 @@
-"""The installed package: version, typing markers, the console script."""
+"""The installed package: version, typing markers, the native `relaunch` command."""
 
 import os
 import shutil
@@ -24,12 +24,33 @@ def test_typing_markers_are_installed():
 def test_relaunch_command_is_on_path_and_matches_python_m():
     exe = shutil.which("relaunch", path=os.path.dirname(sys.executable))
     assert exe, "pip install . must put `relaunch` next to the interpreter"
+    # The Rust binary itself (build_backend/relaunch_build.py), not a
+    # console script: no interpreter starts for a command.
+    assert Path(exe).read_bytes()[:4] == b"\x7fELF", f"{exe} is not the native binary"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"relaunch {relaunch.__version__}"
     out_m = subprocess.run(
         [sys.executable, "-m", "relaunch", "--version"], capture_output=True, text=True, check=True
     )
     assert out_m.stdout == out.stdout
+
+
+def test_the_command_runs_workers_under_the_python_beside_it(tmp_path):
+    """Run by its path with its environment off PATH (not activated), the
+    command still runs workers under the environment's own Python, as the
+    console script it replaces did."""
+    exe = Path(sys.executable).parent / "relaunch"
+    (tmp_path / "where.py").write_text("import sys\nprint('worker python:', sys.executable)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_EXEC", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(
+        [exe, "run", "--nproc-per-node", "1", "where.py"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if "worker python:" in x]
+    worker = Path(line.split("worker python:", 1)[1].strip())
+    assert worker.parent == Path(sys.executable).parent, line
 
 
 def test_import_is_light():

@@ -28,6 +28,36 @@ pub struct Context {
     pub python: Option<OsString>,
 }
 
+impl Context {
+    /// The interpreter that runs workers and that `doctor` checks:
+    /// `PYTHON_EXEC`, else the one `relaunch` runs in (`python -m
+    /// relaunch`), else the one installed beside this executable (the
+    /// wheel puts the native command in the interpreter's `bin/`, as it
+    /// would a console script, so a virtual environment's command runs its
+    /// own Python, activated or not), else `python3` or `python` on `PATH`.
+    pub fn python(&self) -> OsString {
+        if let Some(python) = std::env::var_os("PYTHON_EXEC").or_else(|| self.python.clone()) {
+            return python;
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+        let named = |dir: &std::path::Path| {
+            ["python3", "python"]
+                .into_iter()
+                .map(|name| dir.join(name))
+                .find(|p| p.is_file())
+        };
+        if let Some(python) = beside.as_deref().and_then(named) {
+            return python.into_os_string();
+        }
+        let on_path = std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| dir.join("python3").is_file())
+        });
+        (if on_path { "python3" } else { "python" }).into()
+    }
+}
+
 /// Runs the command line `args` (program name first); see [`run_to_code`].
 pub fn run<I, T>(args: I) -> ExitCode
 where

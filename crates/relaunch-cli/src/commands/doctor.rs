@@ -13,9 +13,7 @@ pub(crate) fn run(args: &DoctorArgs, context: &Context) -> anyhow::Result<u8> {
     let mut findings = doctor::quick(&host, args.nnodes > 1);
     findings.push(doctor::check_gpus(&host));
     findings.push(doctor::check_port(&host, args.port));
-    let python = std::env::var_os("PYTHON_EXEC")
-        .or_else(|| context.python.clone())
-        .unwrap_or_else(|| "python3".into());
+    let python = context.python();
     findings.push(doctor::check_python(&python));
     let grace = args.grace_period.map(|d| d.as_secs_f64());
     findings.extend(stops::check(&Stops::probe(args.ckpt_dir.as_deref(), grace)));

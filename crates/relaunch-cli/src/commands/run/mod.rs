@@ -2,7 +2,6 @@
 //! torchrun resolves them, then the launch itself.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -370,9 +369,7 @@ fn resolve(
     } else {
         None
     };
-    let python = std::env::var_os("PYTHON_EXEC")
-        .or_else(|| context.python.clone())
-        .unwrap_or_else(default_python);
+    let python = context.python();
     let entrypoint = Entrypoint::new(
         python,
         args.training_script.clone(),
@@ -507,21 +504,6 @@ fn check_run_id(id: &str) -> Result<(), String> {
             "run id {id:?} must be 1 to 128 letters, digits, '-', '_' or '.' (it names the log directory and store keys)"
         ))
     }
-}
-
-fn default_python() -> OsString {
-    // The cargo-built binary has no interpreter of its own; the Python
-    // package passes the one it runs in.
-    let on_path = |name: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
-    };
-    if on_path("python3") {
-        "python3"
-    } else {
-        "python"
-    }
-    .into()
 }
 
 /// `--sync-dir`: the folder, its prefix in the run (its name; on several
