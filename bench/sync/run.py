@@ -6,8 +6,8 @@
 The tree: FILES small files (100 B to 4 KiB, 50 x 7 directories) and two
 large ones of BIG_MIB random bytes. Three cases, each timed from the
 command's start to its end (a whole process, as a user or a cron job runs
-it; for relaunch that includes the Python interpreter starting the
-`relaunch` console script):
+it: for relaunch, the native `relaunch` command the wheel installs in the
+environment's bin/):
 
 - first: nothing on the other side yet;
 - unchanged: a second sync with nothing changed (the target: >= 2x rsync);

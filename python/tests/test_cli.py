@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import math
 import os
@@ -11,7 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -205,3 +208,50 @@ def test_run_warns_about_host_problems_before_starting(tmp_path):
     assert out.returncode == 0
     assert "relaunch: warning: proxies: https_proxy=http://proxy.invalid:3128" in out.stderr
     assert "(see `relaunch doctor`)" in out.stderr
+
+
+class _Redirect(http.server.BaseHTTPRequestHandler):
+    """Answers every request with a 307 to ``server.target`` + the path."""
+
+    def do_GET(self) -> None:
+        self.send_response(307)
+        self.send_header("Location", self.server.target + self.path)  # type: ignore[attr-defined]
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirector() -> Iterator[Callable[[str], str]]:
+    """``redirector(target)``: the URL of a plain-HTTP server redirecting there."""
+    servers = []
+
+    def start(target: str) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirect)
+        server.target = target  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_plain_http_server_redirecting_to_https_is_refused_with_the_address_to_use(
+    tracking_server, redirector
+):
+    """Over plain HTTP the client loads no certificates; a redirect to an
+    https:// address (a load balancer forcing TLS) is refused, naming it and
+    the flag to give it to, while a redirect to another http:// address is
+    followed."""
+    out = run("runs", "ls", "--server", redirector("https://tracking.invalid"))
+    assert out.returncode == 1
+    assert "redirected to https://tracking.invalid/api/v1/runs" in out.stderr, out.stderr
+    assert "give its https:// address (--server or RELAUNCH_SERVER)" in out.stderr, out.stderr
+    out = run("runs", "ls", "--server", redirector(tracking_server.url), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []

@@ -82,11 +82,15 @@ impl ClientError {
         matches!(self.kind(), ErrorKind::Unavailable | ErrorKind::Timeout)
     }
 
-    pub(crate) fn io(
+    pub(crate) fn io<'a>(
         op: &'static str,
-        path: &std::path::Path,
-    ) -> impl FnOnce(std::io::Error) -> Self {
-        let path = path.display().to_string();
-        move |source| Self::Io { op, path, source }
+        path: &'a std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        // The path is written out only on an error: walks call this per file.
+        move |source| Self::Io {
+            op,
+            path: path.display().to_string(),
+            source,
+        }
     }
 }

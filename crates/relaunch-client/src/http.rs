@@ -38,6 +38,23 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Silence on an open connection for this long ends the request.
 pub const READ_STALL: Duration = Duration::from_secs(120);
 
+/// Redirects followed before a request fails (reqwest's default).
+const MAX_REDIRECTS: usize = 10;
+
+/// Whether plain-HTTP requests go through an `https://` proxy (the
+/// variables reqwest reads for http URLs), which needs certificates.
+fn https_proxy_for_http() -> bool {
+    ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .any(|v| {
+            v.to_string_lossy()
+                .trim()
+                .to_ascii_lowercase()
+                .starts_with("https://")
+        })
+}
+
 /// A handle on a tracking server (or on several replicas of one); cheap
 /// to clone.
 #[derive(Clone, Debug)]
@@ -71,10 +88,32 @@ impl Client {
             .into_iter()
             .map(|base| format!("{base}{API_PREFIX}"))
             .collect();
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_STALL)
-            .user_agent(concat!("relaunch/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("relaunch/", env!("CARGO_PKG_VERSION")));
+        if !bases.iter().any(|b| b.starts_with("https://")) && !https_proxy_for_http() {
+            // Plain HTTP end to end: no root certificates to load (reading
+            // and parsing the system's costs every command milliseconds
+            // before its first request), and a redirect to https is refused
+            // with the URL to give instead.
+            http = http
+                .tls_certs_only([])
+                .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                    if attempt.url().scheme() == "https" {
+                        let to = attempt.url().clone();
+                        attempt.error(format!(
+                            "the server redirected to {to}: give its https:// address \
+                             (--server or {SERVER_ENV})"
+                        ))
+                    } else if attempt.previous().len() >= MAX_REDIRECTS {
+                        attempt.error(format!("more than {MAX_REDIRECTS} redirects"))
+                    } else {
+                        attempt.follow()
+                    }
+                }));
+        }
+        let http = http
             .build()
             .map_err(|e| ClientError::Config(format!("cannot set up HTTP: {e}")))?;
         Ok(Self {
@@ -276,6 +315,13 @@ impl Client {
 
     /// The run's files.
     pub async fn files(&self, run: &str) -> Result<Vec<FileInfo>, ClientError> {
+        self.files_as(run).await
+    }
+
+    /// The run's files as `T`, which may keep only some of [`FileInfo`]'s
+    /// fields: a listing of many files parses faster when the rest are
+    /// skipped.
+    pub async fn files_as<T: DeserializeOwned>(&self, run: &str) -> Result<Vec<T>, ClientError> {
         self.call(
             "listing files",
             self.run_request(Method::GET, run, "/files")?,

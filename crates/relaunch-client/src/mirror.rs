@@ -20,7 +20,7 @@
 //!   last part; a trailing `/` matches directories only, and an excluded
 //!   directory is not entered.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::stream::{self, StreamExt};
 use globset::{GlobBuilder, GlobMatcher};
-use relaunch_api::files::{FileInfo, check_file_name};
+use relaunch_api::files::check_file_name;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ClientError;
@@ -151,50 +151,149 @@ fn mtime_ns(meta: &std::fs::Metadata) -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
-/// The files under `root` the filter keeps, in name order.
+/// Threads that read directories at once: a tree of small files costs
+/// system calls (a `getdents` per directory, a `statx` per file), which
+/// several cores share.
+const WALKERS: usize = 4;
+
+/// The directories a walk has yet to read, and how many are being read.
+struct WalkQueue {
+    todo: Vec<(PathBuf, String)>,
+    busy: usize,
+    failed: Option<ClientError>,
+}
+
+/// The files under `root` the filter keeps, in name order (links and
+/// special files, which are not synced, in `skipped`, also in name order).
 pub fn walk(root: &Path, filter: &Filter) -> Result<Walked, ClientError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(WALKERS));
+    let queue = std::sync::Mutex::new(WalkQueue {
+        todo: vec![(root.to_path_buf(), String::new())],
+        busy: 0,
+        failed: None,
+    });
+    let ready = std::sync::Condvar::new();
+    let parts: Vec<Walked> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| scope.spawn(|| walk_worker(&queue, &ready, filter)))
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    let queue = queue
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(e) = queue.failed {
+        return Err(e);
+    }
     let mut walked = Walked::default();
-    let mut todo = vec![(root.to_path_buf(), String::new())];
-    while let Some((dir, prefix)) = todo.pop() {
-        let mut entries: Vec<_> = std::fs::read_dir(&dir)
-            .map_err(ClientError::io("read the directory", &dir))?
-            .collect::<Result<_, _>>()
-            .map_err(ClientError::io("read the directory", &dir))?;
-        entries.sort_by_key(std::fs::DirEntry::file_name);
-        for entry in entries.into_iter().rev() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let rel = if prefix.is_empty() {
-                name
-            } else {
-                format!("{prefix}/{name}")
-            };
-            let path = entry.path();
-            // From the directory's own handle (no path lookup), not following links.
-            let meta = entry.metadata().map_err(ClientError::io("stat", &path))?;
-            if meta.is_dir() {
-                if filter.includes(&rel, true) {
-                    todo.push((path, rel));
-                } else {
-                    walked.excluded += 1;
+    for part in parts {
+        walked.files.extend(part.files);
+        walked.excluded += part.excluded;
+        walked.skipped.extend(part.skipped);
+    }
+    walked.files.sort_unstable_by(|a, b| a.rel.cmp(&b.rel));
+    walked.skipped.sort_unstable();
+    Ok(walked)
+}
+
+/// One walking thread: takes a directory, reads it, queues its
+/// subdirectories; ends when none is left and none is being read.
+fn walk_worker(
+    queue: &std::sync::Mutex<WalkQueue>,
+    ready: &std::sync::Condvar,
+    filter: &Filter,
+) -> Walked {
+    let lock = || {
+        queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let mut walked = Walked::default();
+    loop {
+        let (dir, prefix) = {
+            let mut q = lock();
+            loop {
+                if q.failed.is_some() {
+                    return walked;
                 }
-            } else if meta.is_file() {
-                if filter.includes(&rel, false) {
-                    walked.files.push(LocalFile {
-                        rel,
-                        path,
-                        size: meta.len(),
-                        mtime_ns: mtime_ns(&meta),
-                    });
-                } else {
-                    walked.excluded += 1;
+                if let Some(next) = q.todo.pop() {
+                    q.busy += 1;
+                    break next;
                 }
-            } else if filter.includes(&rel, false) {
-                walked.skipped.push(rel);
+                if q.busy == 0 {
+                    return walked;
+                }
+                q = ready
+                    .wait(q)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        };
+        let mut found = Vec::new();
+        let outcome = read_one_dir(&dir, &prefix, filter, &mut walked, &mut found);
+        let mut q = lock();
+        q.busy -= 1;
+        match outcome {
+            Ok(()) => q.todo.extend(found),
+            Err(e) => {
+                q.failed.get_or_insert(e);
             }
         }
+        ready.notify_all();
     }
-    walked.files.sort_by(|a, b| a.rel.cmp(&b.rel));
-    Ok(walked)
+}
+
+/// Reads one directory: its files into `walked`, its subdirectories the
+/// filter keeps into `subdirs`. Only files are stat'ed (size, time): the
+/// entry's type comes with the directory listing.
+fn read_one_dir(
+    dir: &Path,
+    prefix: &str,
+    filter: &Filter,
+    walked: &mut Walked,
+    subdirs: &mut Vec<(PathBuf, String)>,
+) -> Result<(), ClientError> {
+    for entry in std::fs::read_dir(dir).map_err(ClientError::io("read the directory", dir))? {
+        let entry = entry.map_err(ClientError::io("read the directory", dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let mut rel = String::with_capacity(prefix.len() + 1 + name.len());
+        if !prefix.is_empty() {
+            rel.push_str(prefix);
+            rel.push('/');
+        }
+        rel.push_str(&name);
+        // Not following links: a link is neither a file nor a directory.
+        let kind = entry
+            .file_type()
+            .map_err(|e| ClientError::io("stat", &entry.path())(e))?;
+        if kind.is_dir() {
+            if filter.includes(&rel, true) {
+                subdirs.push((entry.path(), rel));
+            } else {
+                walked.excluded += 1;
+            }
+        } else if kind.is_file() {
+            if filter.includes(&rel, false) {
+                let path = entry.path();
+                // From the directory's own handle (no path lookup).
+                let meta = entry.metadata().map_err(ClientError::io("stat", &path))?;
+                walked.files.push(LocalFile {
+                    rel,
+                    path,
+                    size: meta.len(),
+                    mtime_ns: mtime_ns(&meta),
+                });
+            } else {
+                walked.excluded += 1;
+            }
+        } else if filter.includes(&rel, false) {
+            walked.skipped.push(rel);
+        }
+    }
+    Ok(())
 }
 
 /// What the cache remembers of a local file.
@@ -209,7 +308,7 @@ struct Seen {
 #[derive(Debug)]
 pub struct Cache {
     path: Option<PathBuf>,
-    seen: BTreeMap<String, Seen>,
+    seen: HashMap<String, Seen>,
     changed: bool,
 }
 
@@ -365,19 +464,28 @@ fn join_name(prefix: &str, rel: &str) -> String {
     }
 }
 
+/// What a sync needs of a file in the run's listing (the other fields
+/// are skipped, not parsed).
+#[derive(Debug, Deserialize)]
+struct Listed {
+    name: String,
+    size: u64,
+    blake3: String,
+}
+
 /// The run's files under `prefix`, by their path below it.
 async fn remote_files(
     client: &Client,
     run: &str,
     prefix: &str,
-) -> Result<HashMap<String, FileInfo>, ClientError> {
+) -> Result<HashMap<String, Listed>, ClientError> {
     let below = if prefix.is_empty() {
         String::new()
     } else {
         format!("{prefix}/")
     };
     Ok(client
-        .files(run)
+        .files_as::<Listed>(run)
         .await?
         .into_iter()
         .filter_map(|f| Some((f.name.strip_prefix(&below)?.to_owned(), f)))
@@ -400,6 +508,16 @@ pub async fn push(
         let (dir, filter) = (dir.to_path_buf(), filter.clone());
         tokio::task::spawn_blocking(move || walk(&dir, &filter))
     };
+    // The cache is read meanwhile too.
+    let caching = {
+        let (server, run, prefix, dir) = (
+            client.url().to_owned(),
+            run.to_owned(),
+            prefix.to_owned(),
+            dir.to_path_buf(),
+        );
+        tokio::task::spawn_blocking(move || Cache::open(&server, &run, &prefix, &dir))
+    };
     let remote = remote_files(client, run, prefix).await?;
     let walked = walking
         .await
@@ -410,7 +528,9 @@ pub async fn push(
         .map(|f| f.rel.clone())
         .chain(walked.skipped.iter().cloned())
         .collect();
-    let mut cache = Cache::open(client.url(), run, prefix, dir);
+    let mut cache = caching
+        .await
+        .map_err(|e| ClientError::Config(format!("reading the sync cache failed: {e}")))?;
     let mut report = Report {
         excluded: walked.excluded,
         skipped: walked.skipped,
