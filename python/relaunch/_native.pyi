@@ -96,3 +96,7 @@ def heartbeat(step: int | None = None) -> None:
     too). Does nothing outside ``relaunch run``."""
 
 def claim_stack_signal(pid: int, signal: int) -> bool: ...
+def server_list(servers: str) -> list[str]:
+    """Each server of a comma-separated list (``RELAUNCH_SERVER``'s syntax),
+    normalized as relaunch's client uses them; a bad one raises
+    ``TrackingConfigError``."""

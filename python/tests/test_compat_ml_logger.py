@@ -522,9 +522,9 @@ def test_several_servers_go_to_the_first_that_answers(
     assert file_bytes(server, run, "data/hello.txt", TOKEN) == b"hello"
 
     for bad, why in [
-        (f"{server.url},", "is not http"),
+        (f"{server.url},", 'server "" is not a URL'),
         (f"{server.url},{server.url}/", "listed twice"),
-        (f"ftp://x,{server.url}", "is not http"),
+        (f"ftp://x,{server.url}", "uses ftp://, not http:// or https://"),
     ]:
         monkeypatch.setenv("RELAUNCH_SERVER", bad)
         with pytest.raises(TrackingConfigError, match=why):

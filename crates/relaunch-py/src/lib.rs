@@ -40,6 +40,14 @@ fn claim_stack_signal(pid: u32, signal: i32) -> bool {
     relaunch_client::beat::this_process().is_some_and(|b| b.claim_dump_signal(pid, signal))
 }
 
+/// Each server of a comma-separated list (`RELAUNCH_SERVER`'s syntax),
+/// normalized as relaunch's client uses them; a bad one raises
+/// `TrackingConfigError` saying which and why.
+#[pyfunction]
+fn server_list(servers: &str) -> PyResult<Vec<String>> {
+    relaunch_client::http::server_list(servers).map_err(errors::tracking_error)
+}
+
 #[pymodule]
 mod _native {
     use pyo3::prelude::*;
@@ -53,7 +61,7 @@ mod _native {
     #[pymodule_export]
     use super::transfer::{download_file, upload_file};
     #[pymodule_export]
-    use super::{claim_stack_signal, cli_main, heartbeat};
+    use super::{claim_stack_signal, cli_main, heartbeat, server_list};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

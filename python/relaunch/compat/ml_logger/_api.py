@@ -6,7 +6,8 @@ save its config). Metrics and files go through relaunch's own client.
 Both follow relaunch's client (``crates/relaunch-client/src/http.rs``): the
 token is ``access_token=``, else ``RELAUNCH_SERVER_TOKEN``, sent as
 ``Authorization: Bearer TOKEN`` (what the server's ``--token`` asks for);
-the server may be several replicas, ``http://a:8765,http://b:8765``.
+the server may be several replicas, ``http://a:8765,http://b:8765``, read
+by the client's own ``server_list``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from relaunch import _native
 from relaunch.errors import (
     TrackingConfigError,
     TrackingConnectionError,
@@ -45,34 +47,9 @@ _in_use: dict[str, int] = {}
 
 
 def _server_list(server: str) -> list[str]:
-    """Each server of a comma-separated list as ``http(s)://host[:port][/path]``
-    (a bare ``host:port`` is http), refusing what relaunch's client refuses."""
-    servers: list[str] = []
-    for entry in server.split(","):
-        entry = entry.strip()
-        url = entry if "://" in entry else f"http://{entry}"
-        try:
-            parts = urllib.parse.urlsplit(url)
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError as e:
-            raise TrackingConfigError(
-                f"server {entry!r} in {server!r} is not a URL ({e}); give it as "
-                "http://HOST:PORT, e.g. http://127.0.0.1:8765"
-            ) from None
-        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-            raise TrackingConfigError(
-                f"server {entry!r} in {server!r} is not http(s)://HOST[:PORT]; give it as "
-                "http://HOST:PORT, e.g. http://127.0.0.1:8765 (several: separate them with ',')"
-            )
-        if parts.query or parts.fragment:
-            raise TrackingConfigError(f"server {entry!r} has a query or fragment; drop it")
-        normalized = url.rstrip("/")
-        if normalized in servers:
-            raise TrackingConfigError(
-                f"server {normalized} is listed twice in {server!r}; list each replica once"
-            )
-        servers.append(normalized)
-    return servers
+    """Each server of a comma-separated list as relaunch's client reads it
+    (the same rules and messages: it is the client's own function)."""
+    return _native.server_list(server)
 
 
 def _token(token: str | None) -> str | None:
