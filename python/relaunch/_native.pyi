@@ -96,6 +96,21 @@ def heartbeat(step: int | None = None) -> None:
     too). Does nothing outside ``relaunch run``."""
 
 def claim_stack_signal(pid: int, signal: int) -> bool: ...
+
+class ServerApi:
+    """``/api/v1`` calls the Python API has no function for, through
+    relaunch's client (server list, token, replicas, failover), each with a
+    deadline: ``(status, body)``, the body JSON on a success and the
+    server's message otherwise; a server that does not answer raises."""
+
+    def __init__(self, server: str, token: str | None = None) -> None: ...
+    @property
+    def url(self) -> str:
+        """The server in use (the first until one stops answering)."""
+    def run(self, run: str, timeout: float) -> tuple[int, str]: ...
+    def files(self, run: str, timeout: float) -> tuple[int, str]: ...
+    def set_config(self, run: str, config: str, timeout: float) -> tuple[int, str]: ...
+
 def server_list(servers: str) -> list[str]:
     """Each server of a comma-separated list (``RELAUNCH_SERVER``'s syntax),
     normalized as relaunch's client uses them; a bad one raises

@@ -4,6 +4,7 @@
 mod blocking;
 mod errors;
 mod files;
+mod server_api;
 mod store;
 mod tracking;
 mod transfer;
@@ -54,6 +55,8 @@ mod _native {
 
     #[pymodule_export]
     use super::files::{hash_bytes, hash_file};
+    #[pymodule_export]
+    use super::server_api::ServerApi;
     #[pymodule_export]
     use super::store::Store;
     #[pymodule_export]

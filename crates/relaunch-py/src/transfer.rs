@@ -19,7 +19,7 @@ const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Runs `future` to its end with the GIL released, looking for Ctrl-C
 /// between slices.
-fn run_interruptibly<T: Send>(
+pub(crate) fn run_interruptibly<T: Send>(
     py: Python<'_>,
     future: impl Future<Output = Result<T, ClientError>> + Send,
 ) -> PyResult<T> {

@@ -1,7 +1,8 @@
 """The server: which relaunch server the logger talks to (``root=``,
 ``RELAUNCH_SERVER``, ``ML_LOGGER_ROOT``), with what token and timeout, and
-the few ``/api/v1`` calls the shim makes itself (read a run, list its files,
-save its config). Metrics and files go through relaunch's own client.
+the few ``/api/v1`` calls the Python API has no function for (read a run,
+list its files, save its config: ``_native.ServerApi``, relaunch's client
+too). Metrics and files go through relaunch's ``Run`` and file calls.
 
 Both follow relaunch's client (``crates/relaunch-client/src/http.rs``): the
 token is ``access_token=``, else ``RELAUNCH_SERVER_TOKEN``, sent as
@@ -16,9 +17,7 @@ import json
 import math
 import os
 import re
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections.abc import Callable
 
 from relaunch import _native
 from relaunch.errors import (
@@ -38,12 +37,10 @@ SERVER_ENV = "RELAUNCH_SERVER"
 TOKEN_ENV = "RELAUNCH_SERVER_TOKEN"
 """The server's token (its ``--token``), when ``access_token=`` does not give one."""
 
-_API = "/api/v1"
-_UNAVAILABLE = (502, 503, 504)
-# The replica in use for each server list, shared by every logger: after one
-# stops answering, later calls start at the one that answered instead of
-# waiting on the dead one each time (as relaunch's client moves its clones on).
-_in_use: dict[str, int] = {}
+# One client per server list and token, shared by every logger: after a
+# replica stops answering, later calls start at the one that answered
+# instead of waiting on the dead one each time.
+_clients: dict[tuple[str, str | None], _native.ServerApi] = {}
 
 
 def _server_list(server: str) -> list[str]:
@@ -62,75 +59,41 @@ def _token(token: str | None) -> str | None:
 
 def _dashboard_base(server: str) -> str:
     """The replica in use (the first until one fails to answer), for links."""
-    servers = _server_list(server)
-    return servers[_in_use.get(",".join(servers), 0) % len(servers)]
+    key = ",".join(_server_list(server))
+    for (listed, _), client in _clients.items():
+        if listed == key:
+            return client.url
+    return key.split(",")[0]
 
 
 class _Api:
-    """``/api/v1`` of the relaunch server (one or several replicas)."""
+    """``/api/v1`` of the relaunch server (one or several replicas), through
+    relaunch's client: a replica that does not answer (refused, reset, timed
+    out) or answers 502/503/504 moves every logger on to the next, each
+    replica once. Every call here can be repeated safely (reads, and a PATCH
+    that sets the whole config)."""
 
     def __init__(self, server: str, token: str | None, timeout: float) -> None:
-        self.urls = _server_list(server)
-        self.key = ",".join(self.urls)
         self.token = _token(token)
+        key = (",".join(_server_list(server)), self.token)
+        if key not in _clients:
+            _clients[key] = _native.ServerApi(key[0], self.token)
+        self.client = _clients[key]
         self.timeout = timeout
 
-    def call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
-        """Sends the request to the replica in use; one that does not answer
-        (refused, reset, timed out) or answers 502/503/504 moves every logger
-        on to the next, and the request goes there, each replica once, as in
-        relaunch's client. Every call here can be repeated safely (reads, and
-        a PATCH that sets the whole config)."""
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        problem = ""
-        timed_out = False
-        first = self._in_use()
-        for tried in range(len(self.urls)):
-            index = (first + tried) % len(self.urls)
-            base = self.urls[index]
-            last = tried == len(self.urls) - 1
-            request = urllib.request.Request(
-                base + _API + path, data=data, headers=headers, method=method
-            )
-            if self.token:
-                # Not repeated to where a redirect points: the token is the server's.
-                request.add_unredirected_header("Authorization", f"Bearer {self.token}")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    self._use(index)
-                    return response.status, _parse(response.read())
-            except urllib.error.HTTPError as e:
-                answer = _parse(e.read())
-                if e.code in _UNAVAILABLE and not last:
-                    problem = f"{base} answered {e.code}"
-                    continue
-                self._use(index)
-                return e.code, answer
-            except (urllib.error.URLError, OSError) as e:
-                reason = getattr(e, "reason", e)
-                timed_out = timed_out or isinstance(reason, TimeoutError)
-                problem = f"{base}: {reason}"
-        others = f" (and no other of the {len(self.urls)} servers answered)"
-        problem += others if len(self.urls) > 1 else ""
-        if timed_out:
+    def _answer(self, call: Callable[..., tuple[int, str]], *args: object) -> tuple[int, object]:
+        try:
+            status, body = call(*args, self.timeout)
+        except TrackingTimeoutError as e:
             raise TrackingTimeoutError(
-                f"the relaunch server did not answer {method} {path} within {self.timeout:g} s "
-                f"({problem}); raise {TIMEOUT_ENV} or logger.timeout if it is just slow"
-            )
-        raise TrackingConnectionError(
-            f"cannot reach the relaunch server ({problem}); is `relaunch server` running there, "
-            f"and is {SERVER_ENV} (or root=) its address?"
-        )
-
-    def _in_use(self) -> int:
-        return _in_use.get(self.key, 0) % len(self.urls)
-
-    def _use(self, index: int) -> None:
-        if len(self.urls) > 1:
-            _in_use[self.key] = index
+                f"{e}; raise {TIMEOUT_ENV} or logger.timeout if it is just slow"
+            ) from None
+        except TrackingConnectionError as e:
+            raise TrackingConnectionError(
+                f"{e}; is `relaunch server` running there, and is {SERVER_ENV} (or root=) "
+                "its address?"
+            ) from None
+        return status, (json.loads(body) if status < 300 else {"error": body})
 
     def expect(self, status: int, answer: object, what: str) -> object:
         if 200 <= status < 300:
@@ -149,29 +112,20 @@ class _Api:
         raise TrackingRejectedError(f"{what}: the server answered {status}: {error or answer}")
 
     def run(self, run_id: str) -> dict | None:
-        status, answer = self.call("GET", f"/runs/{urllib.parse.quote(run_id)}")
+        status, answer = self._answer(self.client.run, run_id)
         if status == 404:
             return None
         return self.expect(status, answer, f"reading run {run_id}")  # type: ignore[return-value]
 
     def files(self, run_id: str) -> list[dict] | None:
-        status, answer = self.call("GET", f"/runs/{urllib.parse.quote(run_id)}/files")
+        status, answer = self._answer(self.client.files, run_id)
         if status == 404:
             return None
         return self.expect(status, answer, f"listing the files of run {run_id}")  # type: ignore[return-value]
 
     def set_config(self, run_id: str, config: dict) -> dict:
-        status, answer = self.call(
-            "PATCH", f"/runs/{urllib.parse.quote(run_id)}", {"config": config}
-        )
+        status, answer = self._answer(self.client.set_config, run_id, json.dumps(config))
         return self.expect(status, answer, f"saving the params of run {run_id}")  # type: ignore[return-value]
-
-
-def _parse(raw: bytes) -> object:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return {"error": raw.decode("utf-8", "replace").strip()[:300]}
 
 
 def _resolve_server(root: object) -> str:
