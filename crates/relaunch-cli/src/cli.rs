@@ -427,7 +427,7 @@ pub struct RunArgs {
     #[arg(long, env = "PET_NNODES", value_name = "N|MIN:MAX")]
     pub nnodes: Option<NodeRange>,
 
-    /// Workers per node: a number, auto, cpu or gpu [default: $SLURM_GPUS_ON_NODE or $SLURM_NTASKS_PER_NODE in SLURM, else 1].
+    /// Workers per node: a number, auto, cpu or gpu [default: $SLURM_GPUS_ON_NODE, else $SLURM_NTASKS_PER_NODE, else $SLURM_TASKS_PER_NODE in SLURM; else 1].
     #[arg(
         long = "nproc-per-node",
         visible_alias = "nproc_per_node",

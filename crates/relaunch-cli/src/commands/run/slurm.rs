@@ -9,7 +9,7 @@
 //! | `--node-rank` | `SLURM_NODEID` (must be below the node count) |
 //! | `--master-addr` | the first host of `SLURM_JOB_NODELIST` (several nodes) |
 //! | `--master-port` | `10000 + SLURM_JOB_ID % 20000` (several nodes) |
-//! | `--nproc-per-node` | `SLURM_GPUS_ON_NODE` when above 0, else `SLURM_NTASKS_PER_NODE` |
+//! | `--nproc-per-node` | `SLURM_GPUS_ON_NODE` when above 0, else `SLURM_NTASKS_PER_NODE`, else `SLURM_TASKS_PER_NODE` |
 //! | `--run-id` | `slurm-$SLURM_JOB_ID` (kept across requeues) |
 //! | `--signals-to-handle` | torchrun's, plus SIGUSR1 (`--signal=[B:]USR1@SECONDS`) |
 //!
@@ -114,15 +114,19 @@ pub(crate) fn allocation(
     }))
 }
 
-/// `SLURM_NTASKS_PER_NODE`, which Slurm writes `2` or, on uneven
-/// allocations, `2(x3),1`: this node's share is not known from it then,
-/// so it is refused unless every node has the same count.
+/// Workers per node from the task layout: `SLURM_NTASKS_PER_NODE` (set
+/// when the job asked for `--ntasks-per-node`), else
+/// `SLURM_TASKS_PER_NODE` (always set: `sbatch --ntasks=4 --nodes=2`
+/// gives `2(x2)`). Slurm writes both `2` or, on uneven allocations,
+/// `2(x3),1`; every node must then have the same count, as relaunch starts
+/// the same number of workers on each.
 fn tasks_per_node(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Sourced<usize>>, String> {
-    const VAR: &str = "SLURM_NTASKS_PER_NODE";
-    let Some(text) = env(VAR) else {
-        return Ok(None);
+    let (var, text) = match (env("SLURM_NTASKS_PER_NODE"), env("SLURM_TASKS_PER_NODE")) {
+        (Some(text), _) => ("SLURM_NTASKS_PER_NODE", text),
+        (None, Some(text)) => ("SLURM_TASKS_PER_NODE", text),
+        (None, None) => return Ok(None),
     };
-    let bad = || format!("{VAR}={text:?} is not one count for every node; give --nproc-per-node");
+    let bad = || format!("{var}={text:?} is not one count for every node; give --nproc-per-node");
     let mut counts = text.split(',').map(|part| {
         let number = part.trim().split_once('(').map_or(part.trim(), |(n, _)| n);
         number.parse::<usize>().map_err(|_| bad())
@@ -136,7 +140,7 @@ fn tasks_per_node(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Sourced
     if first == 0 {
         return Err(bad());
     }
-    Ok(Some(Sourced::scheduler(first, VAR, "")))
+    Ok(Some(Sourced::scheduler(first, var, "")))
 }
 
 #[cfg(test)]
@@ -209,6 +213,36 @@ mod tests {
     }
 
     #[test]
+    fn tasks_per_node_when_the_job_gave_only_a_task_count() {
+        // `sbatch --nodes=2 --ntasks=4`: no SLURM_NTASKS_PER_NODE.
+        let a = from(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_TASKS_PER_NODE", "2(x2)"),
+        ])
+        .unwrap()
+        .unwrap();
+        let nproc = a.nproc_per_node.unwrap();
+        assert_eq!(nproc.value, 2);
+        assert_eq!(
+            nproc.source,
+            Source::Scheduler {
+                var: "SLURM_TASKS_PER_NODE",
+                how: String::new()
+            }
+        );
+        // An explicit --ntasks-per-node wins over the layout.
+        let a = from(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_NTASKS_PER_NODE", "3"),
+            ("SLURM_TASKS_PER_NODE", "3(x2)"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.nproc_per_node.unwrap().value, 3);
+    }
+
+    #[test]
     fn ports_stay_in_their_range() {
         for id in [0, 1, 19_999, 20_000, 123_456_789, u64::MAX] {
             let p = master_port(id);
@@ -243,6 +277,10 @@ mod tests {
             (
                 &[("SLURM_JOB_ID", "1"), ("SLURM_NTASKS_PER_NODE", "2(x3),1")][..],
                 "not one count for every node",
+            ),
+            (
+                &[("SLURM_JOB_ID", "1"), ("SLURM_TASKS_PER_NODE", "4,2")][..],
+                "SLURM_TASKS_PER_NODE=\"4,2\" is not one count for every node",
             ),
         ] {
             let err = from(vars).unwrap_err();
