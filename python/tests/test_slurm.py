@@ -299,3 +299,48 @@ def test_doctor_in_a_job_checks_its_stop_warning_against_the_last_save(cluster, 
     f = finding("step.json")
     assert f["level"] == "ok", f
     assert "--signal=USR1@600 warns 600 s before the time limit" in f["found"], f
+
+
+def test_scancel_stops_every_rank_at_one_step_with_its_data_loader_workers(cluster, jobs, tmp_path):
+    """`scancel JOB`: SLURM sends SIGTERM to every process of the job at
+    once (relaunch, both ranks, their spawned DataLoader workers), then
+    SIGKILL after KillWait (30 s). Both ranks stop at one agreed step, rank
+    0's checkpoint of that step is written, relaunch exits 75 well before
+    the SIGKILL, and no process of the job is left."""
+    out = tmp_path / "out"
+    out.mkdir()
+    loader_train = Path(__file__).resolve().parent / "workers" / "loader_train.py"
+    script = batch_script(
+        tmp_path / "job.sh",
+        f"""
+        exec {relaunch_cmd()} {loader_train} {out} --workers 2 --start-method spawn --persistent
+        """,
+    )
+    job = sbatch(jobs, script, "--ntasks-per-node=2", "--output=out.txt", "--time=5")
+
+    def under_way() -> bool:
+        return all((out / f"pids.{r}").exists() for r in range(2)) or state(job) not in (
+            "RUNNING",
+            "PENDING",
+        )
+
+    wait_for(under_way, 180, "training to be under way")
+    assert state(job) == "RUNNING", (tmp_path / "out.txt").read_text()
+    pids = [json.loads((out / f"pids.{r}").read_text()) for r in range(2)]
+    job_pids = [p["rank"] for p in pids] + [c for p in pids for c in p["children"]]
+    assert sum(len(p["children"]) for p in pids) >= 4, pids  # 2 loader workers a rank
+    cancelled = subprocess.run(["scancel", str(job)], capture_output=True, text=True, timeout=30)
+    assert cancelled.returncode == 0, cancelled.stderr
+    wait_for(lambda: all((out / f"out.{r}").exists() for r in range(2)), 25,
+             "both ranks to stop (SLURM's SIGKILL comes at 30 s)")  # fmt: skip
+    wait_for(lambda: state(job) == "CANCELLED", 60, "the job to end")
+    log = (tmp_path / "out.txt").read_text()
+    reports = [json.loads((out / f"out.{r}").read_text()) for r in range(2)]
+    assert all(r["preempted"] and r["step"] == r["agreed"] for r in reports), reports
+    assert reports[0]["step"] == reports[1]["step"], reports
+    assert (out / f"ckpt_{reports[0]['step']}.pt").exists()
+    wait_for(lambda: "exit code 75" in (tmp_path / "out.txt").read_text(), 10,
+             "relaunch to report its exit")  # fmt: skip
+    assert "killed by signal" not in log, log
+    wait_for(lambda: not [p for p in job_pids if Path(f"/proc/{p}").exists()], 30,
+             "every process of the job to be gone")  # fmt: skip
