@@ -696,7 +696,7 @@ pub struct RunArgs {
     #[arg(long = "print-config")]
     pub print_config: bool,
 
-    /// After a clean stop (exit code 75: every rank stopped at the agreed step), ask the scheduler to run the job again (SLURM: `scontrol requeue $SLURM_JOB_ID`, from node 0).
+    /// After a clean stop by the scheduler's time-limit warning (SLURM: SIGUSR1 from `--signal=B:USR1@SECONDS`; exit code 75: every rank stopped at the agreed step), ask the scheduler to run the job again (`scontrol requeue $SLURM_JOB_ID`, from node 0). A SIGTERM stop (scancel) is not requeued.
     #[arg(long = "requeue-on-preempt")]
     pub requeue_on_preempt: bool,
 

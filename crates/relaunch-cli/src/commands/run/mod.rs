@@ -63,8 +63,24 @@ pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
     }
     match outcome {
         Ok(outcome) => {
-            if let (Outcome::Stopped { clean: true, .. }, Some(requeue)) = (&outcome, &requeue) {
-                request_requeue(requeue);
+            if let (
+                Outcome::Stopped {
+                    clean: true,
+                    signal,
+                },
+                Some(requeue),
+            ) = (&outcome, &requeue)
+            {
+                if *signal == requeue.warning {
+                    request_requeue(requeue);
+                } else {
+                    crate::output::status(&format!(
+                        "relaunch: stopped cleanly by {signal}, not by the time-limit warning \
+                         ({}): the job is not requeued (a cancelled job stays cancelled; SLURM \
+                         requeues a preempted one itself under PreemptMode=REQUEUE)",
+                        requeue.warning
+                    ));
+                }
             }
             Ok(outcome.exit_code())
         }
@@ -73,9 +89,10 @@ pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
     }
 }
 
-/// `--requeue-on-preempt` after a clean stop: every rank stopped at the
-/// agreed step and exited 0 (its checkpoint committed), and on several
-/// nodes the exit barrier has seen every node done. A failure is reported
+/// `--requeue-on-preempt` after a clean stop by the scheduler's warning
+/// before the time limit: every rank stopped at the agreed step and exited
+/// 0 (its checkpoint committed), and on several nodes the exit barrier has
+/// seen every node done. A failure is reported
 /// and leaves the exit code at 75, for a wrapper to act on.
 fn request_requeue(requeue: &Requeue) {
     let shown = requeue.argv.join(" ");

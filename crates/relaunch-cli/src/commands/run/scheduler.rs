@@ -75,6 +75,13 @@ impl<T> Sourced<T> {
 pub(crate) struct Requeue {
     /// The command, program first (`scontrol requeue 42`).
     pub(crate) argv: Vec<String>,
+    /// The stop that asks for it: the scheduler's warning before the time
+    /// limit (SLURM's `--signal=B:USR1@SECONDS`). A SIGTERM is not one: it
+    /// is also how `scancel` ends a job, which must stay ended (SLURM 22.05
+    /// takes a requeue of a cancelled job and runs it again, and shows it as
+    /// COMPLETING, not CANCELLED, while its processes stop); a job
+    /// preempted under `PreemptMode=REQUEUE` is requeued by SLURM itself.
+    pub(crate) warning: Signal,
 }
 
 /// What one scheduler's variables say about this launch; each field is

@@ -110,6 +110,7 @@ pub(crate) fn allocation(
         )),
         requeue: Some(Requeue {
             argv: vec!["scontrol".into(), "requeue".into(), job_id.to_string()],
+            warning: Signal::SIGUSR1,
         }),
     }))
 }
@@ -193,7 +194,9 @@ mod tests {
             }
         );
         assert_eq!(a.master_port.unwrap().value, 10_000 + 4242);
-        assert_eq!(a.requeue.unwrap().argv, ["scontrol", "requeue", "4242"]);
+        let requeue = a.requeue.unwrap();
+        assert_eq!(requeue.argv, ["scontrol", "requeue", "4242"]);
+        assert_eq!(requeue.warning, Signal::SIGUSR1);
     }
 
     #[test]
