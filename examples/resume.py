@@ -66,8 +66,14 @@ def main() -> None:
     sampler = relaunch.InterruptibleSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=a.batch_size, sampler=sampler)
     torch.manual_seed(0)
+    # find_unused_parameters=True keeps DDP's gradient buckets in their
+    # construction-time layout for good: by default DDP rebuilds them after
+    # the first step of each process, and gloo's allreduce over more than 2
+    # ranks sums an element in an order that depends on where it sits in its
+    # bucket, so a resumed process's first step would differ in the last bits.
     model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)),
+        find_unused_parameters=True,
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = relaunch.Checkpointer(a.ckpt_dir, keep_last=2, save_every=a.ckpt_every)
