@@ -303,8 +303,13 @@ async fn run_attempts(
         number += 1;
         let (failures, remote) = match end {
             AttemptEnd::Succeeded => {
+                // Asked before the exit barrier: past it, the node that
+                // hosts the store may exit, and with it the store, so a
+                // node whose ranks stopped for another node's preemption
+                // would read nothing and call the job finished.
+                let preempted = preempted_elsewhere(store, &config.run_id).await;
                 coordinator.finish(config, store, &attempt, this).await;
-                return Ok(match preempted_elsewhere(store, &config.run_id).await {
+                return Ok(match preempted {
                     // The workers stopped early because another node was
                     // asked to stop: this node was preempted too.
                     Some(signal) => Outcome::Stopped {
