@@ -77,9 +77,12 @@ _MIN_MARGIN = 2
 _DEFAULT_SIGNALS = "SIGTERM,SIGUSR1"
 
 _lock = threading.Lock()
-_flag = threading.Event()
 _state = {
     "installed": False,
+    # Set by a stop signal or the store watcher, never cleared. A plain
+    # value, not a threading.Event: the signal handler must take no lock.
+    "requested": False,
+    "in_handler": False,  # the signal handler is asking the store
     "agreed": None,  # the agreed stop step, once known
     "last_call": None,  # monotonic time of the previous reached() call
     "step_time": None,  # moving average of the time between calls
@@ -105,6 +108,12 @@ def _signals() -> list[signal.Signals]:
 
 
 def _handler(signum: int, frame: object) -> None:
+    # Python runs a handler between two bytecodes of whatever the main thread
+    # was running, this handler included: the same signal sent twice (by the
+    # scheduler to every process, and forwarded by the launcher) runs one
+    # handler inside the other. So it takes no lock (a nested one would wait
+    # forever on the lock the outer one holds) and does its one slow thing,
+    # asking the store about a failure, once at a time.
     if signum == signal.SIGINT:
         # A second Ctrl-C means now. Counted, not read from the flag: the
         # store may have set the flag before the launcher's forwarded
@@ -112,11 +121,15 @@ def _handler(signum: int, frame: object) -> None:
         _state["interrupts"] += 1
         if _state["interrupts"] > 1:
             raise KeyboardInterrupt
-    else:
-        failure = _attempt_failed()
-        if failure is not None:
-            _end_now(signum, failure)
-    _flag.set()
+    elif not _state["in_handler"]:
+        _state["in_handler"] = True
+        try:
+            failure = _attempt_failed()
+            if failure is not None:
+                _end_now(signum, failure)
+        finally:
+            _state["in_handler"] = False
+    _state["requested"] = True
 
 
 def _attempt_failed() -> str | None:
@@ -256,14 +269,14 @@ def _watch() -> None:
         return
     store, run_id = connected
     key = _PREEMPT_KEY.format(run_id=run_id)
-    while not _flag.is_set():
+    while not _state["requested"]:
         try:
             store.wait([key], 3600.0)
         except TimeoutError:
             continue
         except Exception:  # the store went away: the job is ending
             return
-        _flag.set()
+        _state["requested"] = True
 
 
 def install() -> None:
@@ -293,7 +306,7 @@ def install() -> None:
 
 def requested() -> bool:
     """Whether this job was asked to stop (on any node)."""
-    return _flag.is_set()
+    return _state["requested"]
 
 
 def stop_step() -> int | None:
@@ -325,7 +338,7 @@ def reached(step: int) -> bool:
 
     agreed = _state["agreed"]
     if agreed is None:
-        if not _flag.is_set():
+        if not _state["requested"]:
             return False
         agreed = _agree(step)
         _state["agreed"] = agreed

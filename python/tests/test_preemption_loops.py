@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -202,3 +203,44 @@ def test_after_a_rank_fails_the_others_end_at_once_despite_the_preemption_handle
     assert job.returncode == 1, err
     assert "ending this rank now for the restart" in err, err
     assert "rank 0 (local rank 0): signal SIGTERM (15) (stopped by relaunch)" in err, err
+
+
+BURST_CHILD = """
+import time
+from relaunch import preemption
+print("ready", flush=True)
+end = time.monotonic() + 2.5
+while time.monotonic() < end:
+    pass
+print("requested", preemption.requested(), flush=True)
+"""
+
+
+def test_stop_signals_in_quick_succession_neither_deadlock_nor_crash_the_handler(tmp_path):
+    """A rank gets the same stop signal more than once, and close together:
+    from the scheduler and again from the launcher (SLURM, ``kill -- -PGID``).
+    A handler that runs while the previous one is still running must not
+    wait on a lock that one holds (it did, in ``threading.Event.set``: both
+    ranks hung until the grace period's SIGKILL) nor recurse until Python
+    gives up. A burst of signals makes the overlap certain."""
+    script = tmp_path / "child.py"
+    script.write_text(BURST_CHILD)
+    for trial in range(4):
+        child = subprocess.Popen(
+            [sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout.readline().strip() == "ready", child.communicate()
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end and child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+            try:
+                out, err = child.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"trial {trial}: the process hung in its signal handler")
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+        assert child.returncode == 0, f"trial {trial}: exit {child.returncode}\n{err[-3000:]}"
+        assert out.strip().endswith("requested True"), out
