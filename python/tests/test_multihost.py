@@ -28,9 +28,9 @@ STORE_PORT = 29400
 MASTER_PORT = 29500
 # Fast failure detection, so that a test takes seconds: heartbeats every
 # 0.2 s, a node silent for 3 s is lost, a round closes 1 s after MIN joined.
+RDZV_CONF = "last_call_timeout=1,keep_alive_timeout=3"
 ELASTIC = (
     "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-    "--rdzv-conf", "last_call_timeout=1,keep_alive_timeout=3",
     "--monitor-interval", "0.2", "--shutdown-timeout", "3", "--max-restarts", "3",
 )  # fmt: skip
 
@@ -106,7 +106,12 @@ def report(launchers: list[Launcher]) -> str:
 
 
 def elastic_job(
-    hosts: list, tmp_path: Path, endpoint: str, rdzv_id: str, *worker_args: object
+    hosts: list,
+    tmp_path: Path,
+    endpoint: str,
+    rdzv_id: str,
+    *worker_args: object,
+    rdzv_conf: str = RDZV_CONF,
 ) -> tuple[Path, list[Launcher]]:
     """An elastic job (``--nnodes 2:3``) of WORKER, one launcher per host,
     its ranks writing to ``tmp_path/out``: that folder and the launchers."""
@@ -115,7 +120,7 @@ def elastic_job(
     launchers = [
         Launcher(
             h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", rdzv_id, *ELASTIC,
+            "--rdzv-id", rdzv_id, "--rdzv-conf", rdzv_conf, *ELASTIC,
             WORKER, out, "--step-time", "0.05", "--timeout", "30", *worker_args,
         )
         for h in hosts
@@ -247,10 +252,14 @@ def test_a_store_lost_with_node_0_ends_the_job_with_a_clear_message(hosts, tmp_p
     host); node 0's host is cut off. The others cannot go on without their
     store: they stop their workers and exit non-zero, saying which store is
     unreachable and how to have one that outlives any node, once they gave
-    the store ``read_timeout`` (60 s) to answer again, instead of waiting
-    out the store client's own timeout (10 minutes)."""
+    the store ``--rdzv-conf read_timeout`` (60 s by default, 15 s here) to
+    answer again, instead of waiting out the store client's own timeout (10
+    minutes)."""
     endpoint = f"{hosts[0].addr}:{STORE_PORT}"
-    out, launchers = elastic_job(hosts, tmp_path, endpoint, "lost-store", "--steps", "100000")
+    out, launchers = elastic_job(
+        *(hosts, tmp_path, endpoint, "lost-store", "--steps", "100000"),
+        rdzv_conf=f"{RDZV_CONF},read_timeout=15",
+    )
     wait_three_training(out, "h2")
     hosts[0].cut()
     codes = [la.wait(timeout=180) for la in launchers[1:]]
