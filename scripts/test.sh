@@ -20,6 +20,37 @@ start_test_s3 || true
 # python/tests/test_slurm.py runs against a one-machine SLURM (root only).
 start_test_slurm || true
 
+install_relaunch
+# The SLURM tests mostly wait (on slurmctld's scheduling, on time limits
+# and signals), so with no arguments they run in a pytest of their own in
+# the background, while the Rust checks and tests use the CPUs; their
+# output follows the main pytest's.
+SLURM_TESTS=(python/tests/test_slurm.py python/tests/test_slurm_nodes.py)
+SLURM_PYTEST_PID=""
+if [ $# -eq 0 ]; then
+    SLURM_PYTEST_DIR="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-slurm-pytest.XXXXXX")"
+    say "pytest ${SLURM_TESTS[*]}, in the background (output below, after the other tests)"
+    "$PY" -m pytest -p no:cacheprovider --basetemp "$SLURM_PYTEST_DIR/tmp" "${SLURM_TESTS[@]}" \
+        >"$SLURM_PYTEST_DIR/log" 2>&1 &
+    SLURM_PYTEST_PID=$!
+    # Stopped first on the way out (before the services it uses): SIGINT,
+    # so that its fixtures tear down (jobs, namespaces), then SIGKILL.
+    stop_slurm_pytest() {
+        if [ -n "$SLURM_PYTEST_PID" ] && kill -0 "$SLURM_PYTEST_PID" 2>/dev/null; then
+            kill -INT "$SLURM_PYTEST_PID" 2>/dev/null || true
+            local deadline=$((SECONDS + 60))
+            while kill -0 "$SLURM_PYTEST_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+                sleep 1
+            done
+            kill -KILL "$SLURM_PYTEST_PID" 2>/dev/null || true
+            cat "$SLURM_PYTEST_DIR/log" >&2 || true
+        fi
+        rm -rf "$SLURM_PYTEST_DIR"
+    }
+    TEST_CLEANUPS=(stop_slurm_pytest "${TEST_CLEANUPS[@]}")
+    trap run_test_cleanups EXIT
+fi
+
 say "cargo fmt --check"
 cargo fmt --all --check
 say "cargo clippy"
@@ -27,12 +58,24 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 say "cargo test"
 cargo test --workspace --locked
 
-install_relaunch
 say "ruff"
 "$VENV/bin/ruff" check python examples bench build_backend
 "$VENV/bin/ruff" format --check python examples bench build_backend
 say "pytest"
-"$PY" -m pytest "$@"
+if [ $# -eq 0 ]; then
+    "$PY" -m pytest "${SLURM_TESTS[@]/#/--ignore=}"
+    say "pytest ${SLURM_TESTS[*]} (run in the background since the start)"
+    slurm_status=0
+    wait "$SLURM_PYTEST_PID" || slurm_status=$?
+    SLURM_PYTEST_PID=""
+    cat "$SLURM_PYTEST_DIR/log"
+    if [ "$slurm_status" -ne 0 ]; then
+        echo "error: the SLURM tests failed (exit $slurm_status)" >&2
+        exit "$slurm_status"
+    fi
+else
+    "$PY" -m pytest "$@"
+fi
 say "the dashboard in a real browser"
 scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
 # Once more on two replicas on PostgreSQL + S3: the tracking, files,
