@@ -30,8 +30,12 @@ SLURM_PYTEST_PID=""
 if [ $# -eq 0 ]; then
     SLURM_PYTEST_DIR="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-slurm-pytest.XXXXXX")"
     say "pytest ${SLURM_TESTS[*]}, in the background (output below, after the other tests)"
-    "$PY" -m pytest -p no:cacheprovider --basetemp "$SLURM_PYTEST_DIR/tmp" "${SLURM_TESTS[@]}" \
-        >"$SLURM_PYTEST_DIR/log" 2>&1 &
+    # A background job of a script starts with SIGINT ignored; pytest gets
+    # Python's default handler back, so that SIGINT stops it cleanly.
+    "$PY" -c 'import signal, sys, pytest
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.exit(pytest.main())' -p no:cacheprovider --basetemp "$SLURM_PYTEST_DIR/tmp" \
+        "${SLURM_TESTS[@]}" >"$SLURM_PYTEST_DIR/log" 2>&1 &
     SLURM_PYTEST_PID=$!
     # Stopped first on the way out (before the services it uses): SIGINT,
     # so that its fixtures tear down (jobs, namespaces), then SIGKILL.
