@@ -120,20 +120,25 @@ def losses(path: Path) -> list[tuple[int, str]]:
     return [(int(s), v) for s, v in (line.split() for line in path.read_text().splitlines())]
 
 
-@pytest.fixture(scope="module")
-def reference(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, dict]:
-    """An uninterrupted run of examples/resume.py: its losses and final parameters."""
-    d = tmp_path_factory.mktemp("reference")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "SLURM_"))}
+def uninterrupted_run(d: Path, nproc: int, train: list[str], steps: int, env: dict[str, str]):
+    """examples/resume.py run through without a stop on this host by `nproc`
+    ranks in `d`: its losses (all `steps` of them) and final parameters."""
     out = subprocess.run(
-        [*RELAUNCH, "run", "--nproc-per-node", "2", str(RESUME), "--ckpt-dir", str(d / "ckpt"),
-         "--losses", str(d / "losses"), "--params", str(d / "params.pt"), *TRAIN],
+        [*RELAUNCH, "run", "--nproc-per-node", str(nproc), str(RESUME), "--ckpt-dir",
+         str(d / "ckpt"), "--losses", str(d / "losses"), "--params", str(d / "params.pt"), *train],
         capture_output=True, text=True, timeout=300, cwd=d, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     expected = losses(d / "losses")
-    assert [s for s, _ in expected] == list(range(48))
+    assert [s for s, _ in expected] == list(range(steps))
     return expected, torch.load(d / "params.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def reference(cluster: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, dict]:
+    """An uninterrupted run of examples/resume.py: its losses and final parameters."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "SLURM_"))}
+    return uninterrupted_run(tmp_path_factory.mktemp("reference"), 2, TRAIN, 48, env)
 
 
 def assert_same_params(got: Path, want: dict) -> None:

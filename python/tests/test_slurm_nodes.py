@@ -19,7 +19,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +26,9 @@ from pathlib import Path
 import netns
 import pytest
 import slurm_netns
-import torch
 from conftest import wait_for
 from slurm_netns import ENDED, SlurmCluster
+from test_slurm import assert_same_params, uninterrupted_run
 
 from relaunch import Checkpointer
 
@@ -168,24 +167,8 @@ def reference(slurm_here: None, tmp_path_factory: pytest.TempPathFactory) -> tup
     """An uninterrupted run of examples/resume.py on one host with the same 4
     ranks: its losses and final parameters. (An uninterrupted run on the
     2-node cluster gives bitwise these: checked by hand, not per test.)"""
-    d = tmp_path_factory.mktemp("reference")
     env = {k: v for k, v in job_env().items() if k != "GLOO_SOCKET_IFNAME"}
-    out = subprocess.run(
-        [*RELAUNCH, "run", "--nproc-per-node", "4", str(RESUME), "--ckpt-dir", str(d / "ckpt"),
-         "--losses", str(d / "losses"), "--params", str(d / "params.pt"), *TRAIN],
-        capture_output=True, text=True, timeout=300, cwd=d, env=env,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    expected = losses(d / "losses")
-    assert [s for s, _ in expected] == list(range(STEPS))
-    return expected, torch.load(d / "params.pt", weights_only=True)
-
-
-def assert_same_params(got: Path, want: dict) -> None:
-    params = torch.load(got, weights_only=True)
-    assert params.keys() == want.keys()
-    for name, value in want.items():
-        assert torch.equal(params[name], value), name  # bitwise
+    return uninterrupted_run(tmp_path_factory.mktemp("reference"), 4, TRAIN, STEPS, env)
 
 
 def test_a_two_node_job_warned_of_its_time_limit_requeues_itself_and_resumes_exactly(
