@@ -23,6 +23,11 @@ has finished (not when stopped).
 
 from __future__ import annotations
 
+# First, before torch (seconds to import, more on a loaded node): from here
+# on a stop signal is a request to stop at an agreed step, not the death of
+# the rank. SLURM's time-limit warning can arrive while a rank is starting.
+from relaunch import preemption  # isort: skip
+
 import argparse
 import gc
 import os
@@ -36,7 +41,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import relaunch
-from relaunch import preemption
 
 
 def dataset(samples: int) -> TensorDataset:

@@ -22,6 +22,10 @@ Options for demonstrations and tests:
 
 from __future__ import annotations
 
+# First, before torch: from here on a stop signal asks every rank to stop
+# at an agreed step instead of killing a rank that is still starting.
+from relaunch import preemption  # isort: skip
+
 import argparse
 import gc
 import json
@@ -37,7 +41,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import relaunch
-from relaunch import preemption
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
