@@ -27,6 +27,12 @@ on_exit() {
     TEST_CLEANUPS+=("$1")
     trap run_test_cleanups EXIT
 }
+# The same, to run before those registered so far (a user of the services
+# stops before they do).
+on_exit_first() {
+    TEST_CLEANUPS=("$1" "${TEST_CLEANUPS[@]}")
+    trap run_test_cleanups EXIT
+}
 run_test_cleanups() {
     local cleanup
     for cleanup in "${TEST_CLEANUPS[@]}"; do

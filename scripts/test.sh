@@ -51,8 +51,7 @@ sys.exit(pytest.main())' -p no:cacheprovider --basetemp "$SLURM_PYTEST_DIR/tmp" 
         fi
         rm -rf "$SLURM_PYTEST_DIR"
     }
-    TEST_CLEANUPS=(stop_slurm_pytest "${TEST_CLEANUPS[@]}")
-    trap run_test_cleanups EXIT
+    on_exit_first stop_slurm_pytest
 fi
 
 say "cargo fmt --check"
