@@ -1,6 +1,5 @@
 """The examples users run first: the README's demo and the store example."""
 
-import os
 import re
 import signal
 import subprocess
@@ -8,6 +7,7 @@ import sys
 from pathlib import Path
 
 from conftest import wait_for
+from test_resume import finish, launch
 
 import relaunch
 
@@ -80,25 +80,15 @@ def test_a_stop_signal_while_the_ranks_import_torch_stops_the_job_at_an_agreed_s
     (site / "sitecustomize.py").write_text(SLOW_TORCH)
     markers = tmp_path / "markers"
     markers.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "SLURM_"))}
-    env |= {"PYTHONPATH": str(site), "SLOW_TORCH_DIR": str(markers)}
-    job = subprocess.Popen(
-        [sys.executable, "-m", "relaunch", "run", "--nproc-per-node", "2",
-         "--signals-to-handle", "SIGTERM,SIGUSR1", EXAMPLES / "resume.py",
-         "--ckpt-dir", tmp_path / "ckpt", "--epochs", "2", "--samples", "384"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
-    )  # fmt: skip
-    try:
-        wait_for(lambda: len(list(markers.iterdir())) == 2 or job.poll() is not None, 120,
-                 "both ranks to import torch")  # fmt: skip
-        assert job.poll() is None, job.communicate()[0]
-        job.send_signal(signal.SIGUSR1)
-        log, _ = job.communicate(timeout=180)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
-    assert job.returncode == 75, log
+    env = {"PYTHONPATH": str(site), "SLOW_TORCH_DIR": str(markers)}
+    job = launch("--signals-to-handle", "SIGTERM,SIGUSR1", EXAMPLES / "resume.py",
+                 "--ckpt-dir", tmp_path / "ckpt", "--epochs", "2", "--samples", "384",
+                 cwd=tmp_path, env=env)  # fmt: skip
+    wait_for(lambda: len(list(markers.iterdir())) == 2 or job.poll() is not None, 120,
+             "both ranks to import torch")  # fmt: skip
+    job.send_signal(signal.SIGUSR1)
+    code, log = finish(job, timeout=180)
+    assert code == 75, log
     stops = set(re.findall(r"rank \d: preempted after step (\d+)", log))
     assert len(stops) == 1, log  # both ranks at one step
     latest = relaunch.Checkpointer(tmp_path / "ckpt").latest(verify="full")

@@ -157,6 +157,16 @@ def stops(log: str) -> dict[int, int]:
     return {int(r): int(s) for r, s in re.findall(r"rank (\d+): preempted after step (\d+)", log)}
 
 
+def assert_stopped_at_one_committed_step(log: str, ckpt_dir: Path) -> None:
+    """All 4 ranks stopped at one step, and its checkpoint is the latest,
+    forced by the stop."""
+    stopped = stops(log)
+    assert sorted(stopped) == [0, 1, 2, 3], log
+    (stop,) = set(stopped.values())
+    latest = Checkpointer(ckpt_dir).latest()
+    assert latest is not None and (latest.step, latest.forced) == (stop, True), latest
+
+
 def wait_ended(cluster: SlurmCluster, job: int, timeout: float) -> dict[str, str]:
     wait_for(lambda: cluster.state(job) in ENDED, timeout, f"job {job} to end")
     return cluster.show(job)
@@ -236,11 +246,7 @@ def test_a_stopped_two_node_job_that_cannot_requeue_ends_with_exit_code_75(clust
     log = out.read_text()
     assert (end["JobState"], end["ExitCode"], end["Restarts"]) == ("FAILED", "75:0", "0"), log
     assert "was not requeued" in log, log
-    stopped = stops(log)
-    assert sorted(stopped) == [0, 1, 2, 3], log
-    (stop,) = set(stopped.values())
-    latest = Checkpointer(tmp_path / "work" / "ckpt" / str(job)).latest()
-    assert latest is not None and (latest.step, latest.forced) == (stop, True), latest
+    assert_stopped_at_one_committed_step(log, tmp_path / "work" / "ckpt" / str(job))
 
 
 def test_scancel_stops_both_nodes_at_one_step_and_leaves_nothing_running(cluster, tmp_path):
@@ -264,11 +270,7 @@ def test_scancel_stops_both_nodes_at_one_step_and_leaves_nothing_running(cluster
     # Not SLURM's SIGKILL after KillWait: each launcher saw its workers stop.
     clean = "relaunch: stopped by SIGTERM; every worker exited cleanly (preempted, exit code 75)"
     assert log.count(clean) == 2, log
-    stopped = stops(log)
-    assert sorted(stopped) == [0, 1, 2, 3], log
-    (stop,) = set(stopped.values())
-    latest = Checkpointer(tmp_path / "work" / "ckpt" / str(job)).latest()
-    assert latest is not None and (latest.step, latest.forced) == (stop, True), latest
+    assert_stopped_at_one_committed_step(log, tmp_path / "work" / "ckpt" / str(job))
 
 
 def test_scancel_of_a_requeueable_job_is_not_undone_by_requeue_on_preempt(cluster, tmp_path):
