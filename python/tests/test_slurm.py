@@ -271,39 +271,52 @@ def test_doctor_in_a_job_checks_its_stop_warning_against_the_last_save(cluster, 
     `#SBATCH --signal` from SLURM (`scontrol write batch_script`) and fails
     one that warns 2 s ahead when the last checkpoint took 2.5 s to save;
     it warns that a --signal without B: never reaches a launcher that is
-    the batch shell, but not inside an srun step, which SLURM does signal."""
+    the batch shell, but not inside an srun step, which SLURM does signal;
+    and it fails a warning asked for 600 s before a 5-minute limit, which
+    SLURM sends at its first check after the start (`scontrol show job`)."""
     took = slow_checkpoint(tmp_path / "ckpt", 2.5)
     doctor = f"{' '.join(RELAUNCH)} doctor --format json --ckpt-dir {tmp_path / 'ckpt'}"
     early = tmp_path / "early.sh"
     early.write_text(f"#!/bin/bash\n#SBATCH --signal=B:USR1@2\n{doctor} > early.json || true\n")
+    # A 20-minute limit: the warning 600 s ahead must not come while it runs.
     steps = tmp_path / "steps.sh"
     steps.write_text(
-        "#!/bin/bash\n#SBATCH --time=5\n#SBATCH --signal=USR1@600\n"
+        "#!/bin/bash\n#SBATCH --time=20\n#SBATCH --signal=USR1@600\n"
         f"{doctor} > batch.json || true\n"
         f"srun --ntasks=1 {doctor} > step.json || true\n"
     )
-    submitted = [sbatch(jobs, s, "--ntasks=1", "--output=out.txt", "--time=5")
-                 for s in (early, steps)]  # fmt: skip
+    # This one's warning does come at once: the shell ignores it.
+    at_once = tmp_path / "at_once.sh"
+    at_once.write_text(
+        "#!/bin/bash\n#SBATCH --time=5\n#SBATCH --signal=B:USR1@600\n"
+        f"trap '' USR1\n{doctor} > at_once.json || true\n"
+    )
+    submitted = [sbatch(jobs, s, "--ntasks=1", f"--output={s.stem}.out")
+                 for s in (early, steps, at_once)]  # fmt: skip
     wait_for(lambda: all(state(j) in ("COMPLETED", "FAILED", "CANCELLED") for j in submitted),
              120, "the doctor jobs to end")  # fmt: skip
 
-    def finding(name: str) -> dict:
+    def finding(name: str, script: Path) -> dict:
         path = tmp_path / name
-        assert path.exists(), (tmp_path / "out.txt").read_text()
+        output = (tmp_path / f"{script.stem}.out").read_text()
+        assert path.exists() and path.stat().st_size, output
         (found,) = [f for f in json.loads(path.read_text()) if f["check"] == "slurm stop warning"]
         return found
 
-    f = finding("early.json")
+    f = finding("early.json", early)
     assert f["level"] == "fail", f
     assert "--signal=B:USR1@2 warns 2 s before the time limit" in f["found"], f
     assert f"(step 7) took {took:.1f} s to save" in f["found"], f
     assert f["fix"] == f"warn earlier: --signal=B:USR1@{math.ceil(2 * took)}", f
-    f = finding("batch.json")
+    f = finding("batch.json", steps)
     assert f["level"] == "warn" and "has no B:" in f["found"], f
     assert f["fix"] == "use --signal=B:USR1@600 (examples/slurm/train.sbatch)", f
-    f = finding("step.json")
+    f = finding("step.json", steps)
     assert f["level"] == "ok", f
     assert "--signal=USR1@600 warns 600 s before the time limit" in f["found"], f
+    f = finding("at_once.json", at_once)
+    assert f["level"] == "fail", f
+    assert "600 s before the time limit" in f["found"] and "limit is 300 s" in f["found"], f
 
 
 def test_scancel_stops_every_rank_at_one_step_with_its_data_loader_workers(cluster, jobs, tmp_path):

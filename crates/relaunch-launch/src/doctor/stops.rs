@@ -32,6 +32,9 @@ pub struct Stops {
     pub batch_script: Option<Result<String, String>>,
     /// SLURM's `KillWait`: seconds from the time limit's SIGTERM to SIGKILL.
     pub kill_wait: Option<f64>,
+    /// The job's time limit in seconds (`scontrol show job`'s `TimeLimit`,
+    /// which counts sbatch's command line too); `None` when unlimited or unknown.
+    pub time_limit: Option<f64>,
     /// The signals `relaunch run` stops on (torchrun's and, in SLURM, SIGUSR1).
     pub stop_signals: Vec<Signal>,
     /// The container runtime, when this looks like a container.
@@ -72,7 +75,7 @@ impl Stops {
         let slurm_job = env("SLURM_JOB_ID");
         let mut stop_signals =
             crate::config::parse_signals(crate::config::DEFAULT_SIGNALS).unwrap_or_default();
-        let (mut batch_script, mut kill_wait) = (None, None);
+        let (mut batch_script, mut kill_wait, mut time_limit) = (None, None, None);
         if let Some(job) = &slurm_job {
             stop_signals.push(Signal::SIGUSR1);
             batch_script = Some(
@@ -82,6 +85,9 @@ impl Stops {
             kill_wait = command_output("scontrol", &["show", "config"])
                 .ok()
                 .and_then(|config| kill_wait_of(&config));
+            time_limit = command_output("scontrol", &["show", "job", job])
+                .ok()
+                .and_then(|show| time_limit_of(&show));
         }
         let container = if env("KUBERNETES_SERVICE_HOST").is_some() {
             Some("Kubernetes")
@@ -108,6 +114,7 @@ impl Stops {
             slurm_job,
             batch_script,
             kill_wait,
+            time_limit,
             stop_signals,
             container,
             grace_period,
@@ -137,6 +144,23 @@ fn kill_wait_of(config: &str) -> Option<f64> {
         let (key, value) = line.split_once('=')?;
         (key.trim() == "KillWait").then(|| value.split_whitespace().next()?.parse().ok())?
     })
+}
+
+/// `TimeLimit=1-02:03:04` (or `02:03:04`, `03:04`, `UNLIMITED`) from
+/// `scontrol show job`, in seconds.
+fn time_limit_of(show: &str) -> Option<f64> {
+    let value = show
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("TimeLimit="))?;
+    let (days, clock) = match value.split_once('-') {
+        Some((days, clock)) => (days.parse::<u64>().ok()?, clock),
+        None => (0, value),
+    };
+    let mut seconds = 0u64;
+    for part in clock.split(':') {
+        seconds = seconds * 60 + part.parse::<u64>().ok()?;
+    }
+    Some((days * 86_400 + seconds) as f64)
 }
 
 /// The newest committed checkpoint (`step_N/manifest.json`) in `dir`.
@@ -350,6 +374,23 @@ fn check_slurm(stops: &Stops) -> Finding {
         .fix(format!(
             "use --signal=B:USR1@{:.0}, or add {} to relaunch run --signals-to-handle",
             signal.lead, signal.signal
+        ));
+    }
+    if let Some(limit) = stops.time_limit.filter(|limit| signal.lead >= *limit) {
+        return Finding::new(
+            CHECK,
+            Level::Fail,
+            format!(
+                "--signal={} asks for the warning {:.0} s before the time limit, but the job's \
+                 whole time limit is {limit:.0} s: SLURM sends it within a minute of the start, \
+                 so the job stops as soon as it starts (and, requeued, every time)",
+                signal.spec, signal.lead
+            ),
+        )
+        .fix(format!(
+            "give the job a time limit well over {:.0} s (--time), or a --signal lead well \
+             under {limit:.0} s",
+            signal.lead
         ));
     }
     if !signal.batch_shell && stops.slurm_step.is_none() {
@@ -608,6 +649,41 @@ mod tests {
         );
         stops.slurm_step = Some("0".into());
         assert_eq!(only(&stops, "slurm stop warning").level, Level::Ok);
+    }
+
+    #[test]
+    fn a_lead_as_long_as_the_time_limit_fails() {
+        // The real-SLURM doctor test had --signal=USR1@600 and --time=5:
+        // SLURM signalled its step at the first check after the start.
+        let mut stops = slurm("#!/bin/bash\n#SBATCH --signal=B:USR1@600\n", save(1.0));
+        stops.time_limit = Some(300.0);
+        let f = only(&stops, "slurm stop warning");
+        assert_eq!(f.level, Level::Fail, "{f:?}");
+        assert!(
+            f.found.contains("600 s before") && f.found.contains("limit is 300 s"),
+            "{}",
+            f.found
+        );
+        assert!(f.fix.unwrap().contains("--time"));
+        stops.time_limit = Some(600.0);
+        assert_eq!(only(&stops, "slurm stop warning").level, Level::Fail);
+        stops.time_limit = Some(601.0);
+        assert_eq!(only(&stops, "slurm stop warning").level, Level::Ok);
+        stops.time_limit = None;
+        assert_eq!(only(&stops, "slurm stop warning").level, Level::Ok);
+    }
+
+    #[test]
+    fn the_time_limit_is_read_from_scontrol_show_job() {
+        let show = |limit: &str| {
+            format!("JobId=7 JobName=job.sh\n   RunTime=00:00:03 TimeLimit={limit} TimeMin=N/A\n")
+        };
+        assert_eq!(time_limit_of(&show("00:05:00")), Some(300.0));
+        assert_eq!(time_limit_of(&show("1-02:03:04")), Some(93_784.0));
+        assert_eq!(time_limit_of(&show("05:00")), Some(300.0));
+        assert_eq!(time_limit_of(&show("UNLIMITED")), None);
+        assert_eq!(time_limit_of(&show("Partition_Limit")), None);
+        assert_eq!(time_limit_of("JobId=7"), None);
     }
 
     #[test]
