@@ -28,12 +28,15 @@ import time
 import weakref
 from pathlib import Path
 
+from relaunch._native import heartbeat
 from relaunch.errors import TrackingError
 
 EXIT_TIMEOUT_ENV = "RELAUNCH_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = 30.0
 PREFIX = "checkpoints"
 _RETRY_MAX = 30.0
+# How often a bounded wait beats.
+_BEAT_EVERY = 0.25
 
 _live: weakref.WeakSet[Shipper] = weakref.WeakSet()
 _hook_lock = threading.Lock()
@@ -74,14 +77,23 @@ class Shipper:
             self._cond.notify_all()
 
     def wait(self, timeout: float | None) -> bool:
-        """Waits until nothing is queued or in flight; False on timeout."""
+        """Waits until nothing is queued or in flight; False on timeout.
+
+        A wait with a timeout beats (``relaunch.heartbeat``) every quarter
+        second: it ends by itself, so `relaunch run`'s hang detection must
+        not take a rank that waits at exit for its upload for a hung one.
+        A wait without one does not beat."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._next is not None or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                if deadline is None:
+                    self._cond.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return False
-                self._cond.wait(left)
+                heartbeat()
+                self._cond.wait(min(left, _BEAT_EVERY))
         return True
 
     def stop(self) -> None:

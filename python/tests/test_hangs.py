@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "workers"
@@ -124,6 +125,66 @@ def test_a_job_that_never_beats_is_never_called_hung(tmp_path):
     assert (tmp_path / "done.0").exists()
     assert not list(logs.glob("*/attempt_*/hang.json"))
     assert "hang" not in console, console
+
+
+EXITS_SLOWLY = """
+import os, sys, time
+import relaunch
+import torch
+
+out = sys.argv[1]
+run = relaunch.init()
+ckpt = relaunch.Checkpointer(os.path.join(out, "ckpt"))
+for step in range(5):
+    run.log({"x": step}, step=step)
+run.flush(timeout=60)
+open(os.path.join(out, "flushed"), "w").close()
+while not os.path.exists(os.path.join(out, "gone")):
+    time.sleep(0.02)
+run.log({"x": 5}, step=5)
+with ckpt.save(5) as path:
+    torch.save({"w": torch.ones(4)}, path / "model.pt")
+# The end: the interpreter's exit waits RELAUNCH_EXIT_TIMEOUT for the
+# checkpoint's upload and then for the run's records, to a server that is gone.
+"""
+
+
+def test_a_rank_that_waits_at_exit_for_a_server_that_is_gone_is_not_called_hung(
+    tracking_server, tmp_path
+):
+    """A rank that has finished its work spends up to RELAUNCH_EXIT_TIMEOUT
+    shipping its checkpoint and again its records at exit; with the server
+    gone it waits out both. Those bounded waits beat, so a --hang-timeout
+    shorter than the exit (3 s against 2 x 6 s) calls nothing hung: the job
+    ends 0, says what stays unshipped, and keeps it on disk."""
+    worker = tmp_path / "exits_slowly.py"
+    worker.write_text(EXITS_SLOWLY)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [
+            *RELAUNCH, "--nproc-per-node", "1", "--hang-timeout", "3", "--max-restarts", "0",
+            "--log-dir", logs, "--server", tracking_server.url, "--run-id", "slow-exit",
+            worker, tmp_path,
+        ],
+        env=env_with(RELAUNCH_EXIT_TIMEOUT="6"), cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (tmp_path / "flushed").exists() or proc.poll() is not None, 120,
+                 "the worker's first records on the server")  # fmt: skip
+        tracking_server.kill()
+        (tmp_path / "gone").touch()
+        console, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, console
+    assert not list(logs.glob("*/attempt_*/hang.json")), console
+    assert "hang" not in console, console
+    assert "checkpoint was not shipped" in console, console
+    assert "what was not shipped is kept in" in console, console
+    assert (tmp_path / "ckpt" / "step_00000005" / "manifest.json").exists()
 
 
 def test_a_rank_that_never_gets_going_is_reported_after_the_startup_timeout(tmp_path):

@@ -1,7 +1,8 @@
 //! Hangs: a job that stops making progress without dying.
 //!
 //! Each worker beats (`relaunch_client::beat`) when it logs a step, reaches
-//! `preemption.reached`, saves a checkpoint or calls `relaunch.heartbeat`;
+//! `preemption.reached`, saves a checkpoint or calls `relaunch.heartbeat`,
+//! and while it waits with a deadline (the exit's flush and checkpoint upload);
 //! [`HangWatch`] reads every rank's beat record four times a second. Once a rank
 //! has beaten, no beat from it for `--hang-timeout` means the job is hung;
 //! with `--startup-timeout`, so does a rank that has not beaten that long

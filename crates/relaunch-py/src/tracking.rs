@@ -135,7 +135,10 @@ fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 
 /// Runs `wait(step)` with the GIL released in slices of
 /// [`SIGNAL_CHECK_INTERVAL`] until it succeeds, fails otherwise than by
-/// timing out, or `timeout` passes; Ctrl-C interrupts it.
+/// timing out, or `timeout` passes; Ctrl-C interrupts it. A wait with a
+/// timeout beats before each slice: it ends by itself, so `relaunch run`'s
+/// hang detection must not take a rank that waits (at exit, say) for a
+/// server that is gone for a hung one. A wait without one does not beat.
 fn wait_interruptibly(
     py: Python<'_>,
     timeout: Option<Duration>,
@@ -149,6 +152,9 @@ fn wait_interruptibly(
                 .min(SIGNAL_CHECK_INTERVAL),
             None => SIGNAL_CHECK_INTERVAL,
         };
+        if deadline.is_some() {
+            relaunch_client::beat::beat(None);
+        }
         let result = py.detach(|| wait(slice));
         match result {
             Ok(()) => return Ok(()),
