@@ -2,8 +2,10 @@
 
     relaunch run --nproc-per-node 2 --server URL --run-id job42 examples/resume.py --ckpt-dir ckpt
 
-It trains a small MLP on a synthetic dataset with gloo (CPU, deterministic)
-and uses the three pieces a preemptible job needs:
+It trains a small MLP on a synthetic dataset, on each rank's GPU with NCCL
+where there are GPUs (``--device auto``, the default) and else on the CPU
+with gloo, deterministically either way, and uses the three pieces a
+preemptible job needs:
 
 - ``relaunch.InterruptibleSampler`` deals the data like ``DistributedSampler``
   and records how far the epoch got;
@@ -60,9 +62,20 @@ def main() -> None:
     p.add_argument("--step-time", type=float, default=0.0)
     p.add_argument("--losses", type=Path, default=None)
     p.add_argument("--params", type=Path, default=None)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     a = p.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        # Bitwise-repeatable steps on the GPU, so a resumed run equals an
+        # uninterrupted one (cuBLAS needs a fixed workspace for that).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     run = relaunch.init(config=vars(a)) if os.environ.get("RELAUNCH_SERVER") else None
 
@@ -76,7 +89,10 @@ def main() -> None:
     # ranks sums an element in an order that depends on where it sits in its
     # bucket, so a resumed process's first step would differ in the last bits.
     model = DDP(
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)),
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(
+            device
+        ),
+        device_ids=[device.index] if cuda else None,
         find_unused_parameters=True,
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -85,18 +101,19 @@ def main() -> None:
     step = 0
     resume = ckpt.latest()
     if resume is not None:
-        state = resume.load_file("state.pt")
+        state = resume.load_file("state.pt", map_location=device)
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sampler.load_state_dict(state["sampler"])
         step = state["step"] + 1
-    print(f"rank {rank}: starting at step {step}, epoch {sampler.epoch}", flush=True)
+    print(f"rank {rank}: starting at step {step}, epoch {sampler.epoch}, on {device}", flush=True)
 
     stopped = False
     for epoch in range(sampler.epoch, a.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             began = time.monotonic()
+            x, y = x.to(device), y.to(device)
             loss = torch.nn.functional.mse_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
@@ -130,7 +147,7 @@ def main() -> None:
         f"rank {rank}: {'preempted' if stopped else 'finished'} after step {step - 1}", flush=True
     )
     if rank == 0 and a.params is not None and not stopped:
-        torch.save(model.module.state_dict(), a.params)
+        torch.save({k: v.cpu() for k, v in model.module.state_dict().items()}, a.params)
     ckpt.close()  # waits for the checkpoint's upload, if shipping
     if run is not None:
         run.finish(timeout=30)

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import wait_for
 from test_launch_tracking import get, launch, script, series  # noqa: F401 (launch: a fixture)
+from test_resume import RESUME, finish, losses
+from test_resume import launch as launch_job
 
 import relaunch
 
@@ -252,3 +257,44 @@ def test_doctor_and_print_config_see_the_gpus(tmp_path: Path) -> None:
     assert config.returncode == 0, config.stderr
     line = next(ln for ln in config.stdout.splitlines() if "nproc_per_node" in ln)
     assert line.split()[1] == str(torch.cuda.device_count()), config.stdout
+
+
+def test_a_preempted_gpu_job_resumes_bitwise(tmp_path: Path) -> None:
+    """examples/resume.py on the GPUs (NCCL, `--device auto`) under
+    `relaunch run --nproc-per-node gpu`: SIGTERM mid-epoch stops every rank
+    at one step with its checkpoint committed (exit 75), and the relaunched
+    job's losses and final parameters equal an uninterrupted run's, bit for
+    bit."""
+    train = ["--epochs", "2", "--samples", "384", "--batch-size", "8", "--ckpt-every", "10"]
+    steps = 2 * 384 // (8 * torch.cuda.device_count())
+    reference, ref_params = tmp_path / "reference.txt", tmp_path / "reference.pt"
+    code, log = finish(launch_job(RESUME, "--ckpt-dir", tmp_path / "ref-ckpt", "--losses",
+                                  reference, "--params", ref_params, *train, cwd=tmp_path,
+                                  nproc="gpu"))  # fmt: skip
+    assert code == 0, log
+    assert "on cuda:0" in log, log  # it trained on the GPU
+    expected = losses(reference)
+    assert [s for s, _ in expected] == list(range(steps))
+
+    trajectory, params, ckpt_dir = tmp_path / "t.txt", tmp_path / "params.pt", tmp_path / "ckpt"
+    job = (RESUME, "--ckpt-dir", ckpt_dir, "--losses", trajectory, "--params", params, *train)
+    proc = launch_job(*job, "--step-time", "0.05", cwd=tmp_path, nproc="gpu")
+    try:
+        wait_for(lambda: trajectory.exists() and len(trajectory.read_text().splitlines()) >= 30,
+                 180, "the job to train past step 30")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, log = finish(proc)
+    assert code == 75, log
+    stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
+    assert len(stops) == 1, log
+    stop = stops.pop()
+    latest = relaunch.Checkpointer(ckpt_dir).latest(verify="full")
+    assert latest is not None and latest.step == stop
+    code, log = finish(launch_job(*job, cwd=tmp_path, nproc="gpu"))
+    assert code == 0, log
+    assert f"starting at step {stop + 1}" in log and "on cuda:0" in log, log
+    assert losses(trajectory) == expected
+    mine, theirs = torch.load(params), torch.load(ref_params)
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine), "final parameters differ"

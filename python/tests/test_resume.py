@@ -23,12 +23,14 @@ RELAUNCH = [sys.executable, "-m", "relaunch"]
 TRAIN = ["--epochs", "2", "--samples", "384", "--batch-size", "8", "--ckpt-every", "10"]
 
 
-def launch(*args: object, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`relaunch run --nproc-per-node 2 ARGS`, outside any run of ours, with
-    `env` added to the environment."""
+def launch(
+    *args: object, cwd: Path, env: dict[str, str] | None = None, nproc: int | str = 2
+) -> subprocess.Popen:
+    """`relaunch run --nproc-per-node NPROC ARGS`, outside any run of ours,
+    with `env` added to the environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAUNCH_")} | (env or {})
     return subprocess.Popen(
-        [*RELAUNCH, "run", "--nproc-per-node", "2", *map(str, args)],
+        [*RELAUNCH, "run", "--nproc-per-node", str(nproc), *map(str, args)],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
