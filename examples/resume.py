@@ -3,8 +3,8 @@
     relaunch run --nproc-per-node 2 --server URL --run-id job42 examples/resume.py --ckpt-dir ckpt
 
 It trains a small MLP on a synthetic dataset, on each rank's GPU with NCCL
-where there are GPUs (``--device auto``, the default) and else on the CPU
-with gloo, deterministically either way, and uses the three pieces a
+where the node has a GPU for each of its ranks (``--device auto``, the
+default) and else on the CPU with gloo, deterministically either way, and uses the three pieces a
 preemptible job needs:
 
 - ``relaunch.InterruptibleSampler`` deals the data like ``DistributedSampler``
@@ -65,7 +65,9 @@ def main() -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     a = p.parse_args()
 
-    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    # auto: the GPUs when this node has one for each of its ranks.
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.device_count() >= local_ranks)
     if cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
