@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import copy
 import json
-import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import wait_for
 from test_launch_tracking import get, launch, script, series  # noqa: F401 (launch: a fixture)
-from test_resume import RESUME, finish, losses
+from test_resume import RESUME, finish, losses, preempt
 from test_resume import launch as launch_job
 
 import relaunch
@@ -279,16 +276,7 @@ def test_a_preempted_gpu_job_resumes_bitwise(tmp_path: Path) -> None:
     trajectory, params, ckpt_dir = tmp_path / "t.txt", tmp_path / "params.pt", tmp_path / "ckpt"
     job = (RESUME, "--ckpt-dir", ckpt_dir, "--losses", trajectory, "--params", params, *train)
     proc = launch_job(*job, "--step-time", "0.05", cwd=tmp_path, nproc="gpu")
-    try:
-        wait_for(lambda: trajectory.exists() and len(trajectory.read_text().splitlines()) >= 30,
-                 180, "the job to train past step 30")  # fmt: skip
-        proc.send_signal(signal.SIGTERM)
-    finally:
-        code, log = finish(proc)
-    assert code == 75, log
-    stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
-    assert len(stops) == 1, log
-    stop = stops.pop()
+    stop, _ = preempt(proc, trajectory)
     latest = relaunch.Checkpointer(ckpt_dir).latest(verify="full")
     assert latest is not None and latest.step == stop
     code, log = finish(launch_job(*job, cwd=tmp_path, nproc="gpu"))

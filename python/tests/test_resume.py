@@ -49,6 +49,22 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
     return proc.returncode, out + err
 
 
+def preempt(proc: subprocess.Popen, trajectory: Path, after: int = 30) -> tuple[int, str]:
+    """SIGTERM to the launcher once the job has logged `after` losses; the
+    job must exit 75 with every rank stopped at one step. Returns that step
+    and the job's output."""
+    try:
+        wait_for(lambda: trajectory.exists() and len(trajectory.read_text().splitlines()) >= after,
+                 180, f"the job to train past step {after}")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        code, log = finish(proc)
+    assert code == 75, log  # preempted, every worker exited cleanly
+    stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
+    assert len(stops) == 1, log  # every rank stopped at one step
+    return stops.pop(), log
+
+
 def losses(path: Path) -> list[tuple[int, str]]:
     return [(int(s), v) for s, v in (line.split() for line in path.read_text().splitlines())]
 
@@ -69,17 +85,8 @@ def test_a_preempted_job_resumes_elsewhere_with_the_same_loss_trajectory(trackin
     first_dir = tmp_path / "machine-a" / "ckpt"
     job = ("--server", server.url, "--run-id", "job-r", RESUME, "--losses", trajectory, *TRAIN)
     proc = launch(*job, "--ckpt-dir", first_dir, "--step-time", "0.05", cwd=tmp_path)
-    try:
-        # Mid-epoch, past the first periodic checkpoint (step 19).
-        wait_for(lambda: trajectory.exists() and len(trajectory.read_text().splitlines()) >= 30,
-                 180, "the job to train past step 30")  # fmt: skip
-        proc.send_signal(signal.SIGTERM)
-    finally:
-        code, log = finish(proc)
-    assert code == 75, log  # preempted, every worker exited cleanly
-    stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
-    assert len(stops) == 1, log  # both ranks stopped at one step
-    stop = stops.pop()
+    # Mid-epoch, past the first periodic checkpoint (step 19).
+    stop, log = preempt(proc, trajectory)
     assert 30 <= stop < 47, stop
     latest = relaunch.Checkpointer(first_dir).latest(verify="full")
     assert latest is not None and latest.step == stop  # committed at that step
