@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +287,43 @@ def test_a_preempted_gpu_job_resumes_bitwise(tmp_path: Path) -> None:
     mine, theirs = torch.load(params), torch.load(ref_params)
     assert mine.keys() == theirs.keys()
     assert all(torch.equal(mine[k], theirs[k]) for k in mine), "final parameters differ"
+
+
+NCCL_THEN_STUCK = """
+    import datetime, os, time
+    import torch
+    import torch.distributed as dist
+    import relaunch
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=600))
+    t = torch.ones(1 << 16, device="cuda")
+    for step in range(5):
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        relaunch.heartbeat(step)
+    time.sleep(3600)  # stuck, as a rank waiting on a dead peer would be
+"""
+
+
+def test_a_hung_nccl_job_reports_the_flight_recorders_dump(tmp_path: Path) -> None:
+    """On a hang, the report asks each rank's NCCL flight recorder for a
+    dump through the pipe `relaunch run` pointed torch at, and lists it
+    beside the rank's stack: the dump holds the collectives the rank ran."""
+    worker = script(tmp_path, "nccl_stuck.py", NCCL_THEN_STUCK)
+    logs = tmp_path / "logs"
+    proc = subprocess.run(
+        [*RELAUNCH, "run", "--nproc-per-node", "gpu", "--hang-timeout", "3", "--max-restarts",
+         "0", "--log-dir", str(logs), str(worker)],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (report_file,) = logs.glob("*/attempt_0/hang.json")
+    report = json.loads(report_file.read_text())
+    rank0 = next(r for r in report["ranks"] if r["rank"] == 0)
+    assert rank0["last_step"] == 4, rank0
+    (trace,) = rank0["nccl_traces"]
+    dump = pickle.loads(Path(trace).read_bytes())
+    names = [e.get("profiling_name") for e in dump["entries"]]
+    assert names.count("nccl:all_reduce") >= 5, names
+    assert "1 NCCL flight recorder dump(s) beside it" in proc.stdout + proc.stderr, proc.stderr
