@@ -140,6 +140,7 @@ for step in range(5):
 run.flush(timeout=60)
 open(os.path.join(out, "flushed"), "w").close()
 while not os.path.exists(os.path.join(out, "gone")):
+    relaunch.heartbeat()
     time.sleep(0.02)
 run.log({"x": 5}, step=5)
 with ckpt.save(5) as path:
@@ -155,18 +156,18 @@ def test_a_rank_that_waits_at_exit_for_a_server_that_is_gone_is_not_called_hung(
     """A rank that has finished its work spends up to RELAUNCH_EXIT_TIMEOUT
     shipping its checkpoint and again its records at exit; with the server
     gone it waits out both. Those bounded waits beat, so a --hang-timeout
-    shorter than the exit (3 s against 2 x 6 s) calls nothing hung: the job
+    shorter than the exit (5 s against 2 x 8 s) calls nothing hung: the job
     ends 0, says what stays unshipped, and keeps it on disk."""
     worker = tmp_path / "exits_slowly.py"
     worker.write_text(EXITS_SLOWLY)
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
         [
-            *RELAUNCH, "--nproc-per-node", "1", "--hang-timeout", "3", "--max-restarts", "0",
+            *RELAUNCH, "--nproc-per-node", "1", "--hang-timeout", "5", "--max-restarts", "0",
             "--log-dir", logs, "--server", tracking_server.url, "--run-id", "slow-exit",
             worker, tmp_path,
         ],
-        env=env_with(RELAUNCH_EXIT_TIMEOUT="6"), cwd=tmp_path, stdout=subprocess.PIPE,
+        env=env_with(RELAUNCH_EXIT_TIMEOUT="8"), cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
