@@ -547,3 +547,70 @@ def test_a_hung_node_is_left_out_after_its_heartbeats_stop(launcher, tmp_path):
     assert "attempt 1: node 0 of 1" in err
     reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
     assert [(r["attempt"], r["step"]) for r in reports] == [(1, 119), (1, 119)]
+
+
+SLOW_TO_EXIT = """
+import os, sys, time
+from datetime import timedelta
+from relaunch import preemption
+import torch
+import torch.distributed as dist
+
+out = sys.argv[1]
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank = dist.get_rank()
+t = torch.ones(4)
+step = 0
+while True:
+    dist.all_reduce(t)
+    with open(os.path.join(out, f"step.{rank}"), "w") as f:
+        f.write(str(step))
+    time.sleep(0.05)
+    if preemption.reached(step):
+        break
+    step += 1
+with open(os.path.join(out, f"stopped.{rank}"), "w") as f:
+    f.write(str(step))
+time.sleep(6)  # a slow, clean exit: a last upload, a big checkpoint's fsync
+dist.destroy_process_group()
+"""
+
+
+def test_a_node_that_stops_slowly_is_not_taken_for_a_lost_one(launcher, tmp_path):
+    """SIGTERM to one node of an elastic job: the ranks of both nodes stop
+    at one step, then take 6 s to exit, twice keep_alive_timeout. The
+    stopping node's launcher goes on sending its heartbeats through its
+    grace period and exit barrier, so the other node waits for its own rank
+    instead of restarting without the stopping node: both exit 75 (before:
+    "node 0 sent no heartbeat for 3s", a restart, and exit 1 once the
+    stopping node took the store away)."""
+    worker = tmp_path / "slow_to_exit.py"
+    worker.write_text(SLOW_TO_EXIT)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+
+    def node() -> subprocess.Popen:
+        return launcher(
+            "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "slow-stop",
+            "--rdzv-conf", "last_call_timeout=1,keep_alive_timeout=3",
+            "--monitor-interval", "0.2", "--shutdown-timeout", "30", "--max-restarts", "1",
+            worker, out,
+        )  # fmt: skip
+
+    host = node()
+    wait_for(lambda: listening(port), 60, "the first node to host the store")
+    other = node()
+
+    def step(rank: int) -> int:
+        text = (out / f"step.{rank}").read_text() if (out / f"step.{rank}").exists() else ""
+        return int(text) if text else -1
+
+    wait_for(lambda: min(step(0), step(1)) >= 5, 120, "both nodes to train")
+    host.send_signal(signal.SIGTERM)
+    results = [finish(n, timeout=120) for n in (host, other)]
+    errs = [err for _, _, err in results]
+    assert [code for code, _, _ in results] == [75, 75], errs
+    assert not any("sent no heartbeat" in e for e in errs), errs
+    assert (out / "stopped.0").read_text() == (out / "stopped.1").read_text()

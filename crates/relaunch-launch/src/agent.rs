@@ -272,8 +272,12 @@ async fn run_attempts(
             hostname,
             &tap,
         )?;
+        // This node's heartbeats (elastic) go on until the attempt is over
+        // here, the grace period and the exit barrier included.
+        let _keep_alive;
         let end = {
-            let remote = coordinator.remote(config, store, &attempt, number).await?;
+            let (remote, keep_alive) = coordinator.remote(config, store, &attempt, number).await?;
+            _keep_alive = keep_alive;
             let here = Here {
                 node_rank: place.node_rank,
                 nodes: place.nodes,

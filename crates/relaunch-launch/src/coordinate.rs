@@ -11,7 +11,7 @@ use crate::error::LaunchError;
 use crate::group::Placement;
 use crate::job_store::{JOIN_TIMEOUT, JobStore};
 use crate::keys;
-use crate::rendezvous::{DynamicRendezvous, Membership, NewRound, RendezvousSettings};
+use crate::rendezvous::{DynamicRendezvous, KeepAlive, Membership, NewRound, RendezvousSettings};
 
 /// How long a node whose workers are done waits for the others before it
 /// leaves (torchrun's exit barrier).
@@ -169,41 +169,52 @@ impl Coordinator {
     }
 
     /// Completes when the other nodes end the attempt: a failure elsewhere
-    /// (static), or a new round (elastic). Never, for one node.
+    /// (static), or a new round (elastic). Never, for one node. Elastic,
+    /// also this node's heartbeats, sent until the [`KeepAlive`] is dropped:
+    /// keep it until this node is done with the attempt, exit barrier
+    /// included.
     pub(crate) async fn remote(
         &self,
         config: &LaunchConfig,
         store: &JobStore,
         attempt: &Attempt,
         number: u32,
-    ) -> Result<Remote<'_>, LaunchError> {
+    ) -> Result<(Remote<'_>, Option<KeepAlive>), LaunchError> {
         match self {
-            Self::Single => Ok(Box::pin(std::future::pending())),
+            Self::Single => Ok((Box::pin(std::future::pending()), None)),
             Self::Static { .. } => {
                 let watcher = store.connect_again().await?;
                 let key = keys::attempt_failed(&config.run_id, number);
-                Ok(Box::pin(async move {
+                let remote: Remote<'_> = Box::pin(async move {
                     RemoteEvent {
                         what: wait_forever(&watcher, &key).await,
                         failure: true,
                     }
-                }))
+                });
+                Ok((remote, None))
             }
             Self::Dynamic(rdzv) => {
+                let options = rdzv.settings.watcher_options(store.client.options());
                 let watcher = store
-                    .connect_with(rdzv.settings.watcher_options(store.client.options()))
+                    .connect_with(options.clone())
+                    .await
+                    .map_err(|e| store_unreachable(store, e))?;
+                let beater = store
+                    .connect_with(options)
                     .await
                     .map_err(|e| store_unreachable(store, e))?;
                 let m = attempt.membership.ok_or_else(|| {
                     LaunchError::Rendezvous("an elastic attempt without a membership".into())
                 })?;
-                Ok(Box::pin(async move {
+                let keep_alive = rdzv.keep_alive(beater, &m);
+                let remote: Remote<'_> = Box::pin(async move {
                     let why = rdzv.watch(watcher, m).await;
                     RemoteEvent {
                         what: why.describe(),
                         failure: why.counts_as_restart(),
                     }
-                }))
+                });
+                Ok((remote, Some(keep_alive)))
             }
         }
     }

@@ -446,10 +446,31 @@ impl DynamicRendezvous {
         Ok(opened)
     }
 
-    /// Watches the job while round `m` runs: sends this node's heartbeats,
-    /// and completes with the reason for a new round when one is opened, by
-    /// anyone, or when this node opens one (a node waits, a member is lost).
-    /// Uses its own connection, so the caller's stays free.
+    /// Sends this node's heartbeats for round `m`, every `monitor_interval`,
+    /// on `client`, until the returned guard is dropped. Its own task, not
+    /// part of [`Self::watch`]: a node that is stopping (a signal, its
+    /// grace period, the exit barrier) no longer watches, but must go on
+    /// beating, or the others take a node that stops cleanly but slowly
+    /// for a lost one and restart without it.
+    pub fn keep_alive(&self, client: StoreClient, m: &Membership) -> KeepAlive {
+        let key = self.key(m.round, &format!("alive/{}", m.index));
+        let every = self.settings.monitor_interval;
+        KeepAlive(tokio::spawn(async move {
+            loop {
+                // A store that fails is the watch's to report.
+                if let Err(e) = client.add(&key, 1).await {
+                    tracing::debug!(error = %e, "heartbeat not sent");
+                }
+                tokio::time::sleep(every).await;
+            }
+        }))
+    }
+
+    /// Watches the job while round `m` runs and completes with the reason
+    /// for a new round when one is opened, by anyone, or when this node
+    /// opens one (a node waits, a member is lost). Uses its own connection,
+    /// so the caller's stays free. This node's heartbeats are
+    /// [`Self::keep_alive`]'s.
     pub async fn watch(&self, watcher: StoreClient, m: Membership) -> NewRound {
         let next = self.key(m.round + 1, "open");
         let waiting = self.key(m.round, "waiting");
@@ -465,7 +486,6 @@ impl DynamicRendezvous {
                 Err(e) => return self.store_lost(&watcher, e),
             }
             let round = async {
-                watcher.add(alive(m.index), 1).await?;
                 let mut why = None;
                 let joined_late = watcher.check(&[&waiting]).await? && {
                     let n = watcher.get_now(&waiting).await?;
@@ -520,6 +540,16 @@ impl DynamicRendezvous {
             self.settings.keep_alive_timeout,
             self.settings.read_timeout,
         ))
+    }
+}
+
+/// This node's heartbeats, sent until it is dropped.
+#[derive(Debug)]
+pub struct KeepAlive(tokio::task::JoinHandle<()>);
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
