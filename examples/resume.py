@@ -4,8 +4,8 @@
 
 It trains a small MLP on a synthetic dataset, on each rank's GPU with NCCL
 where the node has a GPU for each of its ranks (``--device auto``, the
-default) and else on the CPU with gloo, deterministically either way, and uses the three pieces a
-preemptible job needs:
+default) and else on the CPU with gloo, deterministically either way, and
+uses the three pieces a preemptible job needs:
 
 - ``relaunch.InterruptibleSampler`` deals the data like ``DistributedSampler``
   and records how far the epoch got;

@@ -229,6 +229,11 @@ impl DynamicRendezvous {
         format!("{}/round/{round}/{rest}", self.prefix)
     }
 
+    /// Member `index`'s heartbeat counter in `round`.
+    fn alive_key(&self, round: u64, index: usize) -> String {
+        self.key(round, &format!("alive/{index}"))
+    }
+
     /// The newest open round at or after `from`.
     async fn latest_round(&self, from: u64) -> Result<u64, StoreError> {
         let mut round = from;
@@ -453,7 +458,7 @@ impl DynamicRendezvous {
     /// beating, or the others take a node that stops cleanly but slowly
     /// for a lost one and restart without it.
     pub fn keep_alive(&self, client: StoreClient, m: &Membership) -> KeepAlive {
-        let key = self.key(m.round, &format!("alive/{}", m.index));
+        let key = self.alive_key(m.round, m.index);
         let every = self.settings.monitor_interval;
         KeepAlive(tokio::spawn(async move {
             loop {
@@ -474,7 +479,6 @@ impl DynamicRendezvous {
     pub async fn watch(&self, watcher: StoreClient, m: Membership) -> NewRound {
         let next = self.key(m.round + 1, "open");
         let waiting = self.key(m.round, "waiting");
-        let alive = |i: usize| self.key(m.round, &format!("alive/{i}"));
         let mut last: BTreeMap<usize, (i64, Instant)> = BTreeMap::new();
         loop {
             match watcher.wait(&[&next], self.settings.monitor_interval).await {
@@ -496,7 +500,7 @@ impl DynamicRendezvous {
                 }
                 let now = Instant::now();
                 for i in (1..=m.nodes).filter(|&i| i != m.index) {
-                    let key = alive(i);
+                    let key = self.alive_key(m.round, i);
                     let beats = if watcher.check(&[&key]).await? {
                         String::from_utf8_lossy(&watcher.get_now(&key).await?)
                             .parse::<i64>()
