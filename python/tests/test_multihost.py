@@ -347,11 +347,13 @@ def test_a_frozen_host_is_found_by_the_others_from_their_beats_and_named(hosts, 
 
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
+    # The hang timeout outlasts a rank's exit after its last beat (the spawn
+    # DataLoader worker's shutdown, a few seconds under load).
     launchers = [
         Launcher(
             h, logs, "run", "--nnodes", "3", "--node-rank", h.index,
             "--master-addr", hosts[0].addr, "--master-port", MASTER_PORT,
-            "--nproc-per-node", "1", "--run-id", "frozen", "--hang-timeout", "4",
+            "--nproc-per-node", "1", "--run-id", "frozen", "--hang-timeout", "10",
             "--max-restarts", "1", "--shutdown-timeout", "3", "--log-dir", logs,
             HANG_WORKER, out, "--stuck-step", "99999", "--steps", "600", "--step-sleep", "0.05",
         )
