@@ -1,7 +1,9 @@
-"""A worker for the PID 1 test: steps until `relaunch.preemption` says
-stop, writing each step to OUT/steps.RANK; at step 3 rank 0 starts a
-daemon (double fork, a session of its own) that writes OUT/daemon.exited
-and exits a moment later, leaving an orphan for PID 1 to reap.
+"""A worker for the PID 1 test: steps in lockstep with the other ranks (a
+gloo all-reduce per step, as a training loop does) until
+`relaunch.preemption` says stop, writing each step to OUT/steps.RANK; at
+step 3 rank 0 starts a daemon (double fork, a session of its own) that
+writes OUT/daemon.exited and exits a moment later, leaving an orphan for
+PID 1 to reap.
 
 Usage: pid1_job.py OUT
 """
@@ -28,10 +30,15 @@ def start_daemon(out: str) -> None:
 
 
 def main() -> None:
+    import torch
+    import torch.distributed as dist
+
     out = sys.argv[1]
     rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
     step = 0
     while True:
+        dist.all_reduce(torch.ones(1))
         with open(os.path.join(out, f"steps.{rank}"), "a") as f:
             f.write(f"{step}\n")
         if rank == 0 and step == 3:
@@ -39,6 +46,7 @@ def main() -> None:
         if preemption.reached(step):
             with open(os.path.join(out, f"stopped.{rank}"), "w") as f:
                 f.write(str(step))
+            dist.destroy_process_group()
             sys.exit(0)
         step += 1
         time.sleep(0.1)
