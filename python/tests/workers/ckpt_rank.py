@@ -38,6 +38,9 @@ def main() -> None:
     scenario, directory, port, rank, world = sys.argv[1:]
     rank, world = int(rank), int(world)
     store = relaunch.Store("127.0.0.1", int(port), timeout=30)
+    # Every rank started: "die" times its saves out after 3 s, less than a
+    # loaded machine may take to start three interpreters.
+    store.barrier(f"started/{scenario}/{directory}", world, timeout=30)
     root = Path(directory)
     out: dict = {"rank": rank}
 
