@@ -266,7 +266,31 @@ def test_run_sync_dir_mirrors_the_output_folder_while_training_and_after_any_exi
     stored = files_of(tracking_server, "syncjob")
     assert "outputs/final.txt" in stored, stderr  # the last pass, after a failure
     assert stored["outputs/final.txt"]["size"] == len("final")
-    assert re.search(r"--sync-dir .*: [12] file\(s\) uploaded", stderr), stderr
+    # The last pass saw the whole folder; a periodic pass may have sent final.txt first.
+    last = re.search(r"--sync-dir .*: (\d+) file\(s\) uploaded .*, (\d+) unchanged", stderr)
+    assert last and int(last[1]) + int(last[2]) == 3, stderr  # early.txt, go, final.txt
+
+
+def test_run_sync_dir_makes_its_last_pass_after_the_job_failed(tracking_server, tmp_path, cache):
+    """No periodic pass comes before the job ends (--sync-every 3600): what
+    a failing job wrote reaches the run through the last pass alone."""
+    out = tmp_path / "outputs"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.makedirs(sys.argv[1], exist_ok=True)\n"
+        "open(os.path.join(sys.argv[1], 'final.txt'), 'w').write('final')\n"
+        "sys.exit(3)\n"
+    )
+    job = subprocess.run(
+        [*RELAUNCH, "run", "--server", tracking_server.url, "--run-id", "lastpass",
+         "--tracking-dir", tmp_path / "spool", "--sync-dir", out, "--sync-every", "3600",
+         "--nproc-per-node", "1", script, out],
+        capture_output=True, text=True, env={**os.environ, **cache}, timeout=120,
+    )  # fmt: skip
+    assert job.returncode != 0, job.stderr
+    assert files_of(tracking_server, "lastpass")["outputs/final.txt"]["size"] == len("final")
+    assert re.search(r"--sync-dir .*: 1 file\(s\) uploaded", job.stderr), job.stderr
 
 
 def test_sync_dir_flags_are_checked_before_anything_starts(tmp_path):
