@@ -310,7 +310,12 @@ def steps(trace: Path) -> dict[tuple[int, int], set[str]]:
 
 
 def test_a_cycling_utils_script_killed_at_random_moments_ends_as_an_uninterrupted_one(tmp_path):
-    reference = run_job(tmp_path / "ref", tmp_path / "ref-trace", "--params", tmp_path / "ref.pt")
+    # 5 epochs of 13 steps of 0.1 s: longer than three interruptions, each up
+    # to 1.5 s after its attempt's first step, can take to come.
+    train = ("--epochs", "5")
+    reference = run_job(
+        tmp_path / "ref", tmp_path / "ref-trace", "--params", tmp_path / "ref.pt", *train
+    )
     out, _ = reference.communicate(timeout=300)
     assert reference.returncode == 0, out
 
@@ -320,7 +325,7 @@ def test_a_cycling_utils_script_killed_at_random_moments_ends_as_an_uninterrupte
     how = ["SIGKILL", "SIGTERM", "SIGKILL"]
     attempts = []
     for attempt in range(8):
-        job = run_job(ckpt, trace, "--params", params)
+        job = run_job(ckpt, trace, "--params", params, *train)
         try:
             if attempt < len(how):
                 # Once this attempt has trained a step or more, a moment later.

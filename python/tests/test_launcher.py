@@ -231,7 +231,7 @@ def test_sigkill_to_the_launcher_leaves_no_worker(launcher, tmp_path):
     assert all(alive(p) for p in pids)
     job.kill()
     job.wait()
-    wait_for(lambda: not any(alive(p) for p in pids), 1.0, "the workers to die with the launcher")
+    wait_for(lambda: not any(alive(p) for p in pids), 3.0, "the workers to die with the launcher")
 
 
 def stat_state(pid: int) -> str:

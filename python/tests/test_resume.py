@@ -84,7 +84,8 @@ def test_a_preempted_job_resumes_elsewhere_with_the_same_loss_trajectory(trackin
     trajectory = tmp_path / "trajectory.txt"
     first_dir = tmp_path / "machine-a" / "ckpt"
     job = ("--server", server.url, "--run-id", "job-r", RESUME, "--losses", trajectory, *TRAIN)
-    proc = launch(*job, "--ckpt-dir", first_dir, "--step-time", "0.05", cwd=tmp_path)
+    # Steps of 0.1 s: the stop must land before the last step (47), 1.7 s after step 29.
+    proc = launch(*job, "--ckpt-dir", first_dir, "--step-time", "0.1", cwd=tmp_path)
     # Mid-epoch, past the first periodic checkpoint (step 19).
     stop, log = preempt(proc, trajectory)
     assert 30 <= stop < 47, stop

@@ -455,7 +455,9 @@ def test_log_never_blocks_while_the_server_is_down_for_10_seconds(
     run.finish(timeout=30)
 
     total = len(latencies)
-    assert total - logged_before > 3_000, "the job kept logging through the outage"
+    # A step takes 1 ms plus log(): thousands in 10 s, even on a loaded machine;
+    # a log() that waited on the network (seconds) would allow a handful.
+    assert total - logged_before > 1_000, "the job kept logging through the outage"
     ordered = sorted(latencies)
     # Bounds that catch a log() waiting on the shipper or the network (its
     # backoff, a connect timeout: seconds), not a busy machine's scheduling
@@ -466,7 +468,7 @@ def test_log_never_blocks_while_the_server_is_down_for_10_seconds(
         "latency p50 p99 p999 max (ms):",
         *(round(ordered[int(q * (total - 1))] * 1000, 3) for q in (0.5, 0.99, 0.999, 1)),
     )
-    assert ordered[total // 2] < 0.002, f"median log() took {ordered[total // 2] * 1000:.2f} ms"
+    assert ordered[total // 2] < 0.01, f"median log() took {ordered[total // 2] * 1000:.2f} ms"
     loss = values_by_step(server, "outage", "loss")
     assert sorted(loss) == list(range(total))
     assert all(v == 1 / (s + 1) for s, v in loss.items())
