@@ -115,7 +115,7 @@ SelectTypeParameters=CR_CPU
 ReturnToService=2
 JobRequeue=1
 # A preempted job gets SIGTERM, then this long before SIGKILL.
-KillWait=30
+KillWait=60
 # Finished jobs stay visible to scontrol (Restarts=) this long.
 MinJobAge=600
 PreemptType=preempt/partition_prio

@@ -165,7 +165,7 @@ GresTypes=gpu
 ReturnToService=2
 JobRequeue=1
 # A job's processes get SIGTERM, then this long before SIGKILL.
-KillWait=30
+KillWait=60
 # Ended jobs stay visible to scontrol (ExitCode=, Restarts=) this long.
 MinJobAge=600
 {nodes}

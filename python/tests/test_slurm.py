@@ -322,7 +322,7 @@ def test_doctor_in_a_job_checks_its_stop_warning_against_the_last_save(cluster, 
 def test_scancel_stops_every_rank_at_one_step_with_its_data_loader_workers(cluster, jobs, tmp_path):
     """`scancel JOB`: SLURM sends SIGTERM to every process of the job at
     once (relaunch, both ranks, their spawned DataLoader workers), then
-    SIGKILL after KillWait (30 s). Both ranks stop at one agreed step, rank
+    SIGKILL after KillWait (60 s). Both ranks stop at one agreed step, rank
     0's checkpoint of that step is written, relaunch exits 75 well before
     the SIGKILL, and no process of the job is left."""
     out = tmp_path / "out"
@@ -349,8 +349,8 @@ def test_scancel_stops_every_rank_at_one_step_with_its_data_loader_workers(clust
     assert sum(len(p["children"]) for p in pids) >= 4, pids  # 2 loader workers a rank
     cancelled = subprocess.run(["scancel", str(job)], capture_output=True, text=True, timeout=30)
     assert cancelled.returncode == 0, cancelled.stderr
-    wait_for(lambda: all((out / f"out.{r}").exists() for r in range(2)), 25,
-             "both ranks to stop (SLURM's SIGKILL comes at 30 s)")  # fmt: skip
+    wait_for(lambda: all((out / f"out.{r}").exists() for r in range(2)), 55,
+             "both ranks to stop (SLURM's SIGKILL comes at 60 s)")  # fmt: skip
     wait_for(lambda: state(job) == "CANCELLED", 60, "the job to end")
     log = (tmp_path / "out.txt").read_text()
     reports = [json.loads((out / f"out.{r}").read_text()) for r in range(2)]
