@@ -66,7 +66,8 @@ say "ruff"
 "$VENV/bin/ruff" format --check python examples bench build_backend
 say "pytest"
 if [ $# -eq 0 ]; then
-    "$PY" -m pytest "${SLURM_TESTS[@]/#/--ignore=}"
+    # --durations: where CI's time goes.
+    "$PY" -m pytest --durations=20 "${SLURM_TESTS[@]/#/--ignore=}"
     say "pytest ${SLURM_TESTS[*]} (run in the background since the start)"
     slurm_status=0
     wait "$SLURM_PYTEST_PID" || slurm_status=$?
