@@ -229,14 +229,31 @@ def test_watch_keeps_syncing_and_a_sigterm_makes_a_last_pass(tracking_server, tm
     assert r.returncode == 1 and "--watch keeps a local directory uploaded" in r.stderr
 
 
+def sync_dir_job(
+    server: TrackingServer, tmp_path: Path, cache: dict[str, str], run: str, every: str, code: str
+) -> tuple[subprocess.Popen, Path]:
+    """`relaunch run --sync-dir OUT --sync-every EVERY` of a one-rank job
+    whose script is `code` (OUT is its first argument); returns it and OUT."""
+    out = tmp_path / "outputs"
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    job = subprocess.Popen(
+        [*RELAUNCH, "run", "--server", server.url, "--run-id", run,
+         "--tracking-dir", tmp_path / "spool", "--sync-dir", out, "--sync-every", every,
+         "--nproc-per-node", "1", script, out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **cache},
+    )  # fmt: skip
+    return job, out
+
+
 def test_run_sync_dir_mirrors_the_output_folder_while_training_and_after_any_exit(
     tracking_server, tmp_path, cache
 ):
     """The job writes early.txt, trains a while, writes final.txt and fails:
     early.txt reaches the run while the job runs, final.txt after it ended."""
-    out = tmp_path / "outputs"
-    script = tmp_path / "job.py"
-    script.write_text(
+    job, out = sync_dir_job(
+        tracking_server, tmp_path, cache, "syncjob", "0.3",
         "import os, sys, time\n"
         "out = sys.argv[1]\n"
         "os.makedirs(out, exist_ok=True)\n"
@@ -244,14 +261,7 @@ def test_run_sync_dir_mirrors_the_output_folder_while_training_and_after_any_exi
         "while not os.path.exists(os.path.join(out, 'go')):\n"
         "    time.sleep(0.05)\n"
         "open(os.path.join(out, 'final.txt'), 'w').write('final')\n"
-        "sys.exit(3)\n"
-    )
-    job = subprocess.Popen(
-        [*RELAUNCH, "run", "--server", tracking_server.url, "--run-id", "syncjob",
-         "--tracking-dir", tmp_path / "spool", "--sync-dir", out, "--sync-every", "0.3",
-         "--nproc-per-node", "1", script, out],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **cache},
+        "sys.exit(3)\n",
     )  # fmt: skip
     try:
         wait_listed(tracking_server, "syncjob", "outputs/early.txt", 60)
@@ -274,23 +284,22 @@ def test_run_sync_dir_mirrors_the_output_folder_while_training_and_after_any_exi
 def test_run_sync_dir_makes_its_last_pass_after_the_job_failed(tracking_server, tmp_path, cache):
     """No periodic pass comes before the job ends (--sync-every 3600): what
     a failing job wrote reaches the run through the last pass alone."""
-    out = tmp_path / "outputs"
-    script = tmp_path / "job.py"
-    script.write_text(
+    job, _ = sync_dir_job(
+        tracking_server, tmp_path, cache, "lastpass", "3600",
         "import os, sys\n"
         "os.makedirs(sys.argv[1], exist_ok=True)\n"
         "open(os.path.join(sys.argv[1], 'final.txt'), 'w').write('final')\n"
-        "sys.exit(3)\n"
-    )
-    job = subprocess.run(
-        [*RELAUNCH, "run", "--server", tracking_server.url, "--run-id", "lastpass",
-         "--tracking-dir", tmp_path / "spool", "--sync-dir", out, "--sync-every", "3600",
-         "--nproc-per-node", "1", script, out],
-        capture_output=True, text=True, env={**os.environ, **cache}, timeout=120,
+        "sys.exit(3)\n",
     )  # fmt: skip
-    assert job.returncode != 0, job.stderr
+    try:
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode != 0, stderr
     assert files_of(tracking_server, "lastpass")["outputs/final.txt"]["size"] == len("final")
-    assert re.search(r"--sync-dir .*: 1 file\(s\) uploaded", job.stderr), job.stderr
+    assert re.search(r"--sync-dir .*: 1 file\(s\) uploaded", stderr), stderr
 
 
 def test_sync_dir_flags_are_checked_before_anything_starts(tmp_path):
