@@ -17,6 +17,7 @@ import pytest
 from conftest import TrackingServer, wait_for
 from test_files import RELAUNCH, MiB, cli, new_run, random_file
 from test_launch_tracking import get
+from test_resume import finish
 
 
 @pytest.fixture
@@ -291,15 +292,10 @@ def test_run_sync_dir_makes_its_last_pass_after_the_job_failed(tracking_server, 
         "open(os.path.join(sys.argv[1], 'final.txt'), 'w').write('final')\n"
         "sys.exit(3)\n",
     )  # fmt: skip
-    try:
-        _, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
-    assert job.returncode != 0, stderr
+    code, log = finish(job, timeout=120)
+    assert code != 0, log
     assert files_of(tracking_server, "lastpass")["outputs/final.txt"]["size"] == len("final")
-    assert re.search(r"--sync-dir .*: 1 file\(s\) uploaded", stderr), stderr
+    assert re.search(r"--sync-dir .*: 1 file\(s\) uploaded", log), log
 
 
 def test_sync_dir_flags_are_checked_before_anything_starts(tmp_path):
