@@ -59,6 +59,7 @@ import contextlib
 import copy as _copy
 import json
 import os
+import sys
 import threading
 import time
 import warnings
@@ -691,6 +692,7 @@ class Checkpointer:
                 save.checkpoint = self._commit_rank0(save, decision, tmp, report, coordinator)
             self._last_step = decision.step
             exc = None
+            _tell_preemption(save.checkpoint)
             if coordinator is None or rank == 0:
                 self._prune(decision.step)
         except BaseException as e:
@@ -995,3 +997,13 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _tell_preemption(checkpoint: Checkpoint) -> None:
+    """A committed checkpoint of the agreed stop step is this rank's
+    checkpoint of its stop (`relaunch.preemption.saved`), which the
+    launcher's exit code 75 stands for. Only where the job uses
+    preemption: this never imports it (importing installs handlers)."""
+    preemption = sys.modules.get("relaunch.preemption")
+    if preemption is not None and preemption.requested():
+        preemption.saved(checkpoint.path, checkpoint.step)

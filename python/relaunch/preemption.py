@@ -15,7 +15,15 @@ interrupted. The training loop asks at each step::
             sys.exit(0)   # the launcher reports "preempted" (exit code 75)
 
 :func:`reached` makes every rank agree, through the launcher's store, on one
-stop step, so that all ranks save the same step. The first rank that sees the
+stop step, so that all ranks save the same step. When it returns True it
+also tells the launcher that this rank stopped there, and
+:func:`saved` (called by :class:`relaunch.Checkpointer` when it commits the
+stop step, and by the framework integrations) that its checkpoint of that
+step is written. The launcher exits 75 (preempted: requeue) only when every
+rank stopped at the agreed step; workers that exit 0 after a stop signal
+without agreeing (a framework's own signal handling, a script that just
+exits) get 128 + the signal's number instead, since the work since their
+last checkpoint may be lost. The first rank that sees the
 request proposes a step a little ahead (enough for the others to hear of it,
 judged from the step time); the others adopt it. A background thread waits
 on the store, so a request that reaches one node reaches every node within a
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import json
 import math
 import multiprocessing.popen_fork
 import multiprocessing.process
@@ -63,11 +72,14 @@ import warnings
 from relaunch import _native
 from relaunch._checkpoint_agree import failed_key
 
-__all__ = ["install", "reached", "requested", "stop_step"]
+__all__ = ["install", "reached", "requested", "saved", "stop_step"]
 
 # Store keys, as the launcher writes them (crates/relaunch-launch/src/keys.rs).
 _PREEMPT_KEY = "relaunch/{run_id}/workers/preempt"
 _STOP_STEP_KEY = "relaunch/{run_id}/workers/stop_step"
+# This rank's stop, for the launcher's exit code: JSON {"step", "agreed",
+# "checkpoint"}.
+_STOPPED_KEY = "relaunch/{run_id}/workers/stopped/{rank}"
 
 # How long a rank may take to hear of a stop request from another rank:
 # the proposed stop step is at least this far ahead, in steps.
@@ -89,6 +101,8 @@ _state = {
     "store": None,
     "interrupts": 0,  # SIGINTs received
     "failure_store": None,  # the connection that checks for a failed rank
+    "stopped": None,  # this rank's stop report, once reached() returned True
+    "saved": {},  # step -> where this rank's checkpoint of it is (saved())
 }
 
 
@@ -282,22 +296,26 @@ def _watch() -> None:
 def install() -> None:
     """Installs the flag-setting signal handlers and starts the store watcher.
 
-    Called when this module is first imported; call it again from the main
-    thread if that import happened elsewhere.
+    Called when this module is first imported. Call it again from the main
+    thread if that import happened elsewhere, or to take the stop signals
+    back from a framework that replaced the handlers since (relaunch's
+    integrations do, when Lightning installs its own at ``fit()``).
     """
     with _lock:
-        if _state["installed"]:
-            return
         if threading.current_thread() is not threading.main_thread():
-            warnings.warn(
-                "relaunch.preemption was imported outside the main thread, where signal "
-                "handlers cannot be installed; import it from the main thread",
-                stacklevel=2,
-            )
+            if not _state["installed"]:
+                warnings.warn(
+                    "relaunch.preemption was imported outside the main thread, where signal "
+                    "handlers cannot be installed; import it from the main thread",
+                    stacklevel=2,
+                )
             return
         signals = _signals()
         for sig in signals:
-            signal.signal(sig, _handler)
+            if signal.getsignal(sig) is not _handler:
+                signal.signal(sig, _handler)
+        if _state["installed"]:
+            return
         _shield_multiprocessing(signals)
         _state["installed"] = True
     if _store_address() is not None:
@@ -348,7 +366,53 @@ def reached(step: int) -> bool:
             f"{agreed}; it stops now, so its checkpoint is of a later step than the others'",
             stacklevel=2,
         )
-    return step >= agreed
+    if step < agreed:
+        return False
+    if _state["stopped"] is None:
+        checkpoint = _state["saved"].get(step)
+        _state["stopped"] = {"step": step, "agreed": agreed, "checkpoint": checkpoint}
+        _report_stop()
+    return True
+
+
+def saved(checkpoint: str | os.PathLike[str] | None = None, step: int | None = None) -> None:
+    """Tells the launcher that this rank's checkpoint of the stop step is
+    written; ``checkpoint`` says where (for the launcher's last line),
+    ``step`` which step it holds (default: the agreed stop step).
+
+    Call it once the checkpoint is complete, before or after :func:`reached`
+    returned True for that step; :class:`relaunch.Checkpointer` and the
+    framework integrations call it themselves. A checkpoint of another step
+    than the one this rank stops at does not count.
+    """
+    if step is None:
+        step = _state["agreed"]
+    if step is None:
+        return
+    where = os.fspath(checkpoint) if checkpoint is not None else ""
+    _state["saved"] = {step: where}
+    stopped = _state["stopped"]
+    if stopped is not None and stopped["step"] == step:
+        stopped["checkpoint"] = where
+        _report_stop()
+
+
+def _report_stop() -> None:
+    """Writes this rank's stop report where the launcher reads it when the
+    attempt ends. Bounded and quiet: a store that is gone means a launcher
+    that no longer asks."""
+    connected = _stop_store()
+    rank = os.environ.get("RANK")
+    if connected is None or rank is None:
+        return
+    store, run_id = connected
+    try:
+        store.set(
+            _STOPPED_KEY.format(run_id=run_id, rank=rank),
+            json.dumps(_state["stopped"]).encode(),
+        )
+    except Exception as e:  # the launcher then reports this rank as not stopped
+        warnings.warn(f"relaunch.preemption cannot report this rank's stop: {e}", stacklevel=3)
 
 
 def _agree(step: int) -> int:

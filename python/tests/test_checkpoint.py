@@ -695,6 +695,7 @@ def test_a_rank_waiting_for_a_dead_one_raises_once_the_launcher_marks_the_failur
         # A stop request alone changes nothing: step 0 still commits on both.
         monkeypatch.setitem(sys.modules, "relaunch.preemption", type(sys)("fake_preemption"))
         sys.modules["relaunch.preemption"].requested = lambda: True  # type: ignore[attr-defined]
+        sys.modules["relaunch.preemption"].saved = lambda *args: None  # type: ignore[attr-defined]
 
     def connect() -> relaunch.Store:
         return relaunch.Store("127.0.0.1", store.port, timeout=30, prefix="")

@@ -97,7 +97,7 @@ def test_as_pid_1_it_reaps_orphans_and_a_sigterm_stops_every_rank_at_one_step(tm
     assert proc.returncode == 75, out
     stopped = [int((tmp_path / f"stopped.{r}").read_text()) for r in range(2)]
     assert stopped[0] == stopped[1], stopped  # one agreed step
-    assert "every worker exited cleanly" in out, out
+    assert "every rank stopped at the agreed step (preempted, exit code 75)" in out, out
     assert not in_namespace(ns)  # everything in it is gone
 
 
@@ -137,8 +137,9 @@ def test_doctor_warns_when_a_shell_is_pid_1(tmp_path):
 
 
 def test_doctor_is_content_when_relaunch_run_is_pid_1(tmp_path):
-    """`python -m relaunch run` as PID 1 (comm is the interpreter's name):
-    the doctor, run by the job's worker, sees relaunch there."""
+    """`python -m relaunch run` as PID 1 (it execs the native command, which
+    keeps the pid): the doctor, run by the job's worker, sees relaunch
+    there."""
     script = tmp_path / "doctor_job.py"
     script.write_text(
         f"import subprocess, sys\nsubprocess.run({DOCTOR!r}, shell=True, check=False)\n"
@@ -149,4 +150,4 @@ def test_doctor_is_content_when_relaunch_run_is_pid_1(tmp_path):
     )
     assert pid1["level"] == "ok", pid1
     assert pid1["found"].startswith("relaunch is PID 1"), pid1
-    assert "-m relaunch run" in pid1["found"], pid1
+    assert "(relaunch run --nproc-per-node 1 " in pid1["found"], pid1

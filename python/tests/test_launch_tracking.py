@@ -166,8 +166,9 @@ PREEMPTIBLE = """
         if step == start + 5:
             open("running", "w").close()
         time.sleep(0.02)
-        if preemption.requested():
+        if preemption.reached(step):
             open("ckpt", "w").write(str(step + 1))
+            preemption.saved("ckpt")
             break
     run.finish()
 """

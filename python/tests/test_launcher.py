@@ -30,13 +30,14 @@ def launcher() -> Iterator[Callable[..., subprocess.Popen]]:
     """Starts `relaunch run ARGS`; kills whatever is left at the end."""
     started: list[subprocess.Popen] = []
 
-    def start(*args: str, env: dict | None = None) -> subprocess.Popen:
+    def start(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
         proc = subprocess.Popen(
             [*RELAUNCH, *map(str, args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            cwd=cwd,
         )
         started.append(proc)
         return proc
@@ -99,8 +100,9 @@ def test_worker_environment_equals_torchruns(launcher, tmp_path):
             "RELAUNCH_STORE",
             "RELAUNCH_LOG_DIR",
             "RELAUNCH_BEAT_FILE",
-            # torch's NCCL flight recorder, for hang reports
-            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+            # torch's NCCL flight recorder, for hang reports (the size under
+            # the name this torch reads without a deprecation warning)
+            "TORCH_FR_BUFFER_SIZE",
             "TORCH_NCCL_DUMP_ON_TIMEOUT",
             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
             "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
@@ -111,6 +113,186 @@ def test_worker_environment_equals_torchruns(launcher, tmp_path):
         assert ours["RELAUNCH_STORE"] == f"localhost:{ours['MASTER_PORT']}"
         assert ours["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/{rank}/error.json")
         assert ours["RELAUNCH_BEAT_FILE"] == os.path.join(ours["RELAUNCH_LOG_DIR"], "beat")
+
+
+def test_a_plain_gloo_job_prints_nothing_torchrun_would_not(launcher, tmp_path):
+    """Regression: relaunch set TORCH_NCCL_TRACE_BUFFER_SIZE, which torch
+    2.15 calls deprecated on every rank at init_process_group, gloo on CPU
+    included. The console of a plain job is the script's lines and
+    relaunch's own, nothing from torch about relaunch's settings."""
+    code, out, err = finish(
+        launcher("--nproc-per-node", "2", HERE.parents[1] / "examples" / "allreduce.py", "--worker")
+    )
+    assert code == 0, err
+    assert out.count("all_reduce(rank + 1) = 3") == 2, out
+    worker_lines = [line for line in err.splitlines() if line.startswith("[default")]
+    assert worker_lines == [], err
+
+
+def test_everything_after_the_script_reaches_the_script(launcher, tmp_path):
+    """Regression: a script argument right after the script that matched a
+    relaunch flag was taken (`train.py --log_dir ./tb` wrote relaunch's
+    logs into ./tb and gave the script only what followed)."""
+    script = tmp_path / "argv.py"
+    script.write_text("import json, sys\nprint('ARGV', json.dumps(sys.argv[1:]))\n")
+    script_args = [
+        *("--log_dir", str(tmp_path / "tb"), "--log", "debug", "--server", "http://x:1"),
+        *("--nproc-per-node", "9", "-m", "-r", "3", "-t", "3", "--max-restarts=4"),
+        *("--role", "r", "--project", "p", "--help", "-h", "--", "--print-config", "--lr", "0.1"),
+    ]
+    code, out, err = finish(launcher(script, *script_args, cwd=tmp_path))
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if "ARGV" in line]
+    assert lines == [f"[default0]:ARGV {json.dumps(script_args)}"], out
+    assert not (tmp_path / "tb").exists()
+
+
+def test_every_torchrun_flag_is_accepted(tmp_path):
+    """Every option of the installed torch's `torchrun --help` (read from
+    it, so a flag added upstream fails here until relaunch takes it), in
+    every spelling it lists, is accepted by `relaunch run` (nothing is
+    started: --print-config); a flag relaunch does not act on says so in
+    one line."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    ).stdout
+    options = help_text.split("\noptions:\n", 1)[1]
+    spellings: dict[str, list[str]] = {}  # spelling -> choices ([] when free)
+    for line in options.splitlines():
+        if not line.startswith("  -"):
+            continue
+        spec = line.strip().split("  ", 1)[0]
+        for item in spec.split(", "):
+            name, _, metavar = item.partition(" ")
+            choices = metavar[1:-1].split(",") if metavar.startswith("{") else []
+            spellings[name] = choices
+    assert "--nproc-per-node" in spellings and "--nproc_per_node" in spellings, help_text
+    assert len(spellings) > 50, spellings
+    # A value for each option that takes one; an option missing here is new.
+    values = {
+        "--nnodes": ["1"],
+        "--nproc-per-node": ["2"],
+        "--rdzv-backend": ["c10d"],
+        "--rdzv-endpoint": ["localhost:29400", "--rdzv-backend", "c10d"],
+        "--rdzv-id": ["job"],
+        "--rdzv-conf": ["join_timeout=60"],
+        "--standalone": [],
+        "--max-restarts": ["1"],
+        "--monitor-interval": ["1"],
+        "--start-method": ["spawn"],
+        "--event-log-handler": ["console"],
+        "--role": ["trainer"],
+        "-m": [],
+        "--module": [],
+        "--no-python": [],
+        "--run-path": [],
+        "--log-dir": [str(tmp_path / "logs")],
+        "-r": ["3"],
+        "--redirects": ["0:1"],
+        "-t": ["3"],
+        "--tee": ["3"],
+        "--log-line-prefix-template": ["${rank}:"],
+        "--local-ranks-filter": ["0"],
+        "--duplicate-stdout-filters": ["loss,step"],
+        "--duplicate-stderr-filters": ["error"],
+        "--node-rank": ["0"],
+        "--master-addr": ["127.0.0.1"],
+        "--master-port": ["29555"],
+        "--local-addr": ["127.0.0.1"],
+        "--logs-specs": ["mine"],
+        "--numa-binding": ["node"],
+        "--signals-to-handle": ["SIGTERM,SIGUSR1"],
+        "--shutdown-timeout": ["10"],
+        "--virtual-local-rank": [],
+        "--print-completion": ["bash"],
+        "-h": [],
+        "--help": [],
+    }
+    unknown = []
+    for name, choices in sorted(spellings.items()):
+        canonical = name.replace("_", "-") if name.startswith("--") else name
+        if canonical not in values:
+            unknown.append(name)
+            continue
+        given = values[canonical]
+        for choice in choices or [None]:
+            args = [name, *([choice] if choice is not None else given)]
+            if choice is not None:
+                args += given[1:]
+            if canonical not in ("--print-completion", "-h", "--help"):
+                args += ["--print-config", "train.py"]
+            if canonical == "-m" or canonical == "--module":
+                args[-1] = "train"
+            proc = subprocess.run(
+                [*RELAUNCH, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path
+            )
+            assert proc.returncode == 0, (args, proc.stderr)
+            if canonical in ("--event-log-handler", "--logs-specs", "--numa-binding"):
+                notes = [line for line in proc.stderr.splitlines() if canonical in line]
+                assert len(notes) == 1 and notes[0].startswith("relaunch: warning: "), proc.stderr
+    assert not unknown, f"torchrun options relaunch run does not know yet: {unknown}"
+    etcd = subprocess.run(
+        [*RELAUNCH, "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "localhost:2379", *PRINT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert etcd.returncode == 0, etcd.stderr
+    assert "relaunch needs no etcd server" in etcd.stderr
+    assert re.search(r"rendezvous\s+c10d", etcd.stdout), etcd.stdout
+
+
+PRINT = ("--print-config", "train.py")
+
+
+def test_duplicate_filters_and_virtual_local_rank_do_what_torchruns_do(launcher, tmp_path):
+    script = tmp_path / "say.py"
+    script.write_text(
+        "import os, sys\n"
+        "r = os.environ['RANK']\n"
+        "print(f'loss {r}', flush=True); print(f'other {r}', flush=True)\n"
+        "print(f'warn, {r}', file=sys.stderr, flush=True)\n"
+        'print(f\'LOCAL {os.environ["LOCAL_RANK"]} GPU {os.environ["CUDA_VISIBLE_DEVICES"]}\')\n'
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"}
+    code, out, err = finish(
+        launcher(
+            *("--nproc-per-node", "2", "--log-dir", tmp_path / "logs"),
+            *("--duplicate-stdout-filters", "loss", "--duplicate-stderr-filters", "warn,,"),
+            "--virtual-local-rank",
+            script,
+            env=env,
+        )
+    )
+    assert code == 0, err
+    attempt = next((tmp_path / "logs").glob("*/attempt_0"))
+    stdout = sorted((attempt / "filtered_stdout.log").read_text().splitlines())
+    assert stdout == ["[default0]:loss 0", "[default1]:loss 1"]
+    stderr = sorted((attempt / "filtered_stderr.log").read_text().splitlines())
+    assert stderr == ["[default0]:warn, 0", "[default1]:warn, 1"]
+    assert "[default0]:LOCAL 0 GPU 5" in out and "[default1]:LOCAL 0 GPU 7" in out, out
+
+
+def test_the_log_directory_is_private(launcher, tmp_path):
+    """Regression: the log folder was created with mode 0755 (in /tmp by
+    default), so other users of a shared node could read workers' logs."""
+    script = tmp_path / "fail.py"
+    script.write_text("raise SystemExit(3)\n")
+    code, _, err = finish(launcher(script))
+    assert code == 1
+    match = re.search(r"logs in (\S+)", err)
+    assert match, err
+    root = Path(match.group(1))
+    try:
+        assert root.stat().st_mode & 0o777 == 0o700
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_two_jobs_on_one_machine_get_different_ports(launcher, tmp_path):
@@ -403,7 +585,8 @@ def test_progress_bars_on_a_terminal_stay_readable(tmp_path):
         (["--redirects", "7", "t.py"], "is not a stream code"),
         (["--signals-to-handle", "SIGBOGUS", "t.py"], "is not a signal name"),
         (["--log-dir", "/dev/null", "t.py"], "is not a directory"),
-        (["--numa-binding", "node", "t.py"], "unexpected argument '--numa-binding'"),
+        (["--numa-binding", "cores", "t.py"], "invalid value 'cores' for '--numa-binding"),
+        (["--rdzv-backend", "zookeeper", "t.py"], "invalid value 'zookeeper'"),
         (["--hang-timeout=-5", "t.py"], "--hang-timeout -5 is not a number of seconds >= 0"),
         (["--hang-timeout", "soon", "t.py"], "invalid value 'soon' for '--hang-timeout"),
         (["--startup-timeout", "inf", "t.py"], "--startup-timeout inf is not a number of seconds"),
@@ -487,6 +670,11 @@ def test_elastic_nodes_join_and_train_together(launcher, tmp_path):
     assert [code for code, _, _ in results] == [0, 0], [err for _, _, err in results]
     reports = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(4)]
     assert [r["step"] for r in reports] == [29] * 4  # a world of 4: both nodes took part
+    # Regression: nodes that meet at localhost are one host, so a hostname
+    # that resolves to loopback is no problem; relaunch told them to "pass
+    # --local-addr" (a flag that has no effect).
+    for _, _, err in results:
+        assert "warning: hostname" not in err and "--local-addr" not in err, err
 
 
 def test_a_late_node_is_admitted_at_the_next_round(launcher, tmp_path):

@@ -59,7 +59,7 @@ def preempt(proc: subprocess.Popen, trajectory: Path, after: int = 30) -> tuple[
         proc.send_signal(signal.SIGTERM)
     finally:
         code, log = finish(proc)
-    assert code == 75, log  # preempted, every worker exited cleanly
+    assert code == 75, log  # preempted: every rank stopped at the agreed step
     stops = {int(m) for m in re.findall(r"rank \d: preempted after step (\d+)", log)}
     assert len(stops) == 1, log  # every rank stopped at one step
     return stops.pop(), log

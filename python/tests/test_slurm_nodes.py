@@ -268,7 +268,10 @@ def test_scancel_stops_both_nodes_at_one_step_and_leaves_nothing_running(cluster
              "every process of the job to exit")  # fmt: skip
     log = out.read_text()
     # Not SLURM's SIGKILL after KillWait: each launcher saw its workers stop.
-    clean = "relaunch: stopped by SIGTERM; every worker exited cleanly (preempted, exit code 75)"
+    clean = (
+        "relaunch: stopped by SIGTERM; every rank stopped at the agreed step (preempted, exit "
+        "code 75)"
+    )
     assert log.count(clean) == 2, log
     assert_stopped_at_one_committed_step(log, tmp_path / "work" / "ckpt" / str(job))
 

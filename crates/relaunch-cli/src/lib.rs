@@ -1,9 +1,10 @@
 //! The `relaunch` command line as a library: [`run`] parses arguments, sets up
-//! logging and dispatches to one module per subcommand. The binary and the
-//! Python package's `relaunch` script both call it.
+//! logging and dispatches to one module per subcommand. The binary calls it
+//! (`python -m relaunch` execs the binary).
 
 mod cli;
 mod commands;
+mod completion;
 mod output;
 mod render;
 mod size;
@@ -20,11 +21,15 @@ pub use cli::{
     ServerArgs, ServerCommand, ServerConnection, StoreCommand, SyncArgs,
 };
 
+/// The interpreter that ran `python -m relaunch`, which hands it to the
+/// native command it execs ([`Context::python`]).
+pub const PYTHON_ENV: &str = "RELAUNCH_PYTHON";
+
 /// What the caller knows that the command line does not say.
 #[derive(Clone, Debug, Default)]
 pub struct Context {
-    /// The Python interpreter that runs `relaunch` (when it runs from the
-    /// Python package): workers run under it, as under torchrun.
+    /// The Python interpreter that ran `python -m relaunch` ([`PYTHON_ENV`]):
+    /// workers run under it, as under torchrun.
     pub python: Option<OsString>,
 }
 

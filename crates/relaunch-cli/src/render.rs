@@ -4,14 +4,16 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Columns padded to their widest cell, two spaces apart, no trailing
-/// blanks. The last column may hold several lines; the later ones are
-/// indented to where that column starts.
+/// blanks. Widths are terminal cells (a CJK character or an emoji takes
+/// two), so wide names line up. The last column may hold several lines;
+/// the later ones are indented to where that column starts.
 pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    use unicode_width::UnicodeWidthStr as _;
     let columns = headers.len();
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.width()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate().take(columns.saturating_sub(1)) {
-            widths[i] = widths[i].max(cell.chars().count());
+            widths[i] = widths[i].max(cell.width());
         }
     }
     let indent: usize = widths[..columns.saturating_sub(1)]
@@ -33,7 +35,7 @@ pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
                 }
             } else {
                 line.push_str(cell);
-                line.push_str(&" ".repeat(widths[i] - cell.chars().count() + 2));
+                line.push_str(&" ".repeat(widths[i] - cell.width() + 2));
             }
         }
         for part in line.lines() {
@@ -102,6 +104,11 @@ pub(crate) fn number(value: f64) -> String {
         format!("{value:e}")
     }
 }
+/// `text` and blanks to `width` terminal cells (none when it is wider).
+pub(crate) fn pad(text: &str, width: usize) -> String {
+    use unicode_width::UnicodeWidthStr as _;
+    format!("{text}{}", " ".repeat(width.saturating_sub(text.width())))
+}
 
 #[cfg(test)]
 mod tests {
@@ -121,6 +128,24 @@ mod tests {
              \x20                second\n"
         );
         assert_eq!(table(&["ID", "NAME"], &[]), "ID  NAME\n");
+    }
+
+    /// Regression: cells were padded by characters, so a name of wide
+    /// characters pushed its row's later columns right.
+    #[test]
+    fn wide_characters_take_two_cells() {
+        let rows = vec![
+            vec!["实验一".to_owned(), "a".to_owned()],
+            vec!["run🚀".to_owned(), "b".to_owned()],
+            vec!["plain".to_owned(), "c".to_owned()],
+        ];
+        assert_eq!(
+            table(&["NAME", "X"], &rows),
+            "NAME    X\n\
+             实验一  a\n\
+             run🚀   b\n\
+             plain   c\n"
+        );
     }
 
     #[test]

@@ -13,12 +13,14 @@ use crate::env::AttemptEnv;
 use crate::error::LaunchError;
 use crate::group::{Exit, WorkerGroup};
 use crate::hang::{self, HangReport, HangWatch};
+use crate::hang_nodes::{Here, hang_elsewhere, hung, stacks_for_elsewhere};
 use crate::job_store::JobStore;
 use crate::keys;
 use crate::logs::LogLayout;
 use crate::report::{self, Failure};
 use crate::signals::Signals;
 use crate::straggler::StepTimes;
+use crate::torch::TorchVersion;
 use crate::tracking::{EndKind, Tracker};
 use crate::worker::ExitKind;
 use crate::{Outcome, orphans};
@@ -68,6 +70,8 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::debug!(error = %e, "cannot become a subreaper; orphaned worker children go to init");
     }
+    // Asked while the store starts; needed when the first worker does.
+    let torch = tokio::spawn(crate::torch::probe_owned(config.entrypoint.python.clone()));
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
@@ -100,8 +104,10 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
         layout.root().display()
     ));
 
+    let torch = torch.await.unwrap_or(None);
     let outcome = run_attempts(
         &config,
+        TorchVersion::flight_recorder_size_var(torch),
         &store,
         &mut coordinator,
         &mut signals,
@@ -123,7 +129,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
                 clean: true,
             }) => (
                 EndKind::Preempted,
-                format!("stopped by {signal}; every worker exited cleanly"),
+                format!("stopped by {signal}; every rank stopped at the agreed step"),
             ),
             // Not a preemption a requeue can resume from: the run says
             // what happened (the `worker_failed` event names the ranks).
@@ -132,7 +138,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
                 clean: false,
             }) => (
                 EndKind::Failed,
-                format!("stopped by {signal}; not every worker exited cleanly"),
+                format!("stopped by {signal}; not every rank stopped cleanly at an agreed step"),
             ),
             Err(e) => (EndKind::Failed, format!("the launcher failed: {e}")),
         };
@@ -157,14 +163,16 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
             signal,
             clean: true,
         } => out.notice(format!(
-            "relaunch: stopped by {signal}; every worker exited cleanly (preempted, exit code {})",
+            "relaunch: stopped by {signal}; every rank stopped at the agreed step (preempted, exit \
+             code {})",
             outcome.exit_code()
         )),
         Outcome::Stopped {
             signal,
             clean: false,
         } => out.notice(format!(
-            "relaunch: stopped by {signal}; not every worker exited cleanly (exit code {})",
+            "relaunch: stopped by {signal}; not every rank stopped cleanly at an agreed step (exit \
+             code {})",
             outcome.exit_code()
         )),
         Outcome::Failed { .. } => out.notice(format!(
@@ -185,8 +193,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
 /// The free preflight checks: one line per problem found, before anything
 /// starts (`relaunch doctor` runs them all, and says more).
 fn warn_about_host(config: &LaunchConfig, out: &ConsoleSender) {
-    let multi_node = config.nnodes.max > 1;
-    for f in crate::doctor::quick(&crate::doctor::Host::probe(), multi_node) {
+    for f in crate::doctor::quick(&crate::doctor::Host::probe(), config.spans_hosts()) {
         if f.level >= crate::doctor::Level::Warn {
             let fix = f.fix.map_or(String::new(), |fix| format!("; {fix}"));
             out.notice(format!(
@@ -201,6 +208,7 @@ fn warn_about_host(config: &LaunchConfig, out: &ConsoleSender) {
 #[allow(clippy::too_many_arguments)]
 async fn run_attempts(
     config: &LaunchConfig,
+    flight_recorder_size_var: &'static str,
     store: &JobStore,
     coordinator: &mut Coordinator,
     signals: &mut Signals,
@@ -260,6 +268,8 @@ async fn run_attempts(
                 .as_ref()
                 .map(|t| t.worker_env(attempt_id))
                 .unwrap_or_default(),
+            virtual_local_rank: config.virtual_local_rank,
+            flight_recorder_size_var,
         };
         let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
         let mut group = WorkerGroup::start(
@@ -284,9 +294,18 @@ async fn run_attempts(
                 hostname,
                 attempt: number,
                 attempt_id,
-                tracker: tracker.as_ref(),
             };
-            supervise(config, store, &mut group, signals, remote, out, here).await
+            supervise(
+                config,
+                store,
+                &mut group,
+                signals,
+                remote,
+                out,
+                here,
+                tracker.as_ref(),
+            )
+            .await
         };
         // What is left of the workers' process groups (their DataLoader
         // workers, their shells' jobs) ends with them; processes in other
@@ -312,20 +331,30 @@ async fn run_attempts(
                 // node whose ranks stopped for another node's preemption
                 // would read nothing and call the job finished.
                 let preempted = preempted_elsewhere(store, &config.run_id).await;
-                coordinator.finish(config, store, &attempt, this).await;
-                return Ok(match preempted {
-                    // The workers stopped early because another node was
-                    // asked to stop: this node was preempted too.
-                    Some(signal) => Outcome::Stopped {
-                        signal,
-                        clean: true,
-                    },
+                // The workers stopped early because another node was asked
+                // to stop (or a rank got the signal itself): this node was
+                // preempted too, cleanly if its ranks stopped at the step.
+                let outcome = match preempted {
+                    Some(signal) => {
+                        let stops = StopReports::read(store, &config.run_id, place, config).await;
+                        out.notice(stops.describe(signal));
+                        Outcome::Stopped {
+                            signal,
+                            clean: stops.all_stopped(),
+                        }
+                    }
                     None => Outcome::Succeeded,
-                });
+                };
+                coordinator.finish(config, store, &attempt, this).await;
+                return Ok(outcome);
             }
             AttemptEnd::Stopped { signal, failures } => {
-                let clean = failures.is_empty();
-                if !clean {
+                let mut clean = failures.is_empty();
+                if clean {
+                    let stops = StopReports::read(store, &config.run_id, place, config).await;
+                    out.notice(stops.describe(signal));
+                    clean = stops.all_stopped();
+                } else {
                     let text = unclean_stop(signal, &failures, config.shutdown_timeout);
                     out.notice(text.clone());
                     if let Some(tracker) = tracker.as_mut() {
@@ -429,20 +458,8 @@ async fn run_attempts(
     }
 }
 
-/// Where an attempt runs, for its reports.
-struct Here<'a> {
-    node_rank: usize,
-    /// Nodes in the attempt.
-    nodes: usize,
-    hostname: &'a str,
-    /// This node's attempt number (its log directory's).
-    attempt: u32,
-    /// The attempt's id across nodes (`RELAUNCH_ATTEMPT`).
-    attempt_id: u32,
-    tracker: Option<&'a Tracker>,
-}
-
 /// Watches one attempt until it ends.
+#[allow(clippy::too_many_arguments)]
 async fn supervise(
     config: &LaunchConfig,
     store: &JobStore,
@@ -451,6 +468,7 @@ async fn supervise(
     mut remote: Remote<'_>,
     out: &ConsoleSender,
     here: Here<'_>,
+    tracker: Option<&Tracker>,
 ) -> AttemptEnd {
     // The first handled signal: once one came, workers that exit are
     // stopping for it, not failing.
@@ -520,7 +538,7 @@ async fn supervise(
                 for straggler in stragglers {
                     let text = straggler.text();
                     out.notice(format!("relaunch: {text}"));
-                    if let Some(tracker) = here.tracker {
+                    if let Some(tracker) = tracker {
                         tracker.straggler(&text, &straggler.to_json());
                     }
                 }
@@ -528,7 +546,7 @@ async fn supervise(
                 if reaped > 0 {
                     tracing::debug!(reaped, "reaped exited orphans of the workers");
                 }
-                if ticks.is_multiple_of(STEP_TIMES_EVERY * TICKS_A_SECOND) && let Some(tracker) = here.tracker {
+                if ticks.is_multiple_of(STEP_TIMES_EVERY * TICKS_A_SECOND) && let Some(tracker) = tracker {
                     tracker.step_times(&times);
                 }
             }
@@ -549,240 +567,6 @@ async fn supervise(
                 }
                 out.notice(format!("relaunch: {signal}: passed to every worker"));
             }
-        }
-    }
-}
-
-/// The job is hung: every rank's stacks first, written out, then the
-/// store says so (ranks blocked in relaunch's agreement give up) and the
-/// workers are stopped with the grace period.
-async fn hung(
-    config: &LaunchConfig,
-    store: &JobStore,
-    group: &mut WorkerGroup,
-    out: &ConsoleSender,
-    here: &Here<'_>,
-    stall: hang::Stall,
-    ranks: Vec<hang::RankBeat>,
-) -> HangReport {
-    let detected = std::time::SystemTime::now();
-    out.notice(format!(
-        "relaunch: no progress from rank(s) {}; taking every rank's stacks before stopping them",
-        crate::stacks::ranks_text(
-            &ranks
-                .iter()
-                .filter(|r| match &stall {
-                    hang::Stall::Silent(l) | hang::Stall::NeverBeat(l) => l.contains(&r.local_rank),
-                    hang::Stall::Elsewhere(_) => true,
-                })
-                .map(|r| r.global_rank)
-                .collect::<Vec<_>>()
-        )
-    ));
-    // The other nodes take their stacks too, while their ranks are still
-    // stuck: they read this key once a second.
-    let headline_key = keys::hang(&config.run_id, here.attempt_id);
-    let mut report = HangReport {
-        stall,
-        timeout: config.hang_timeout,
-        startup: config.startup_timeout,
-        detected,
-        node_rank: here.node_rank,
-        hostname: here.hostname.to_owned(),
-        ranks: Vec::new(),
-        silent_nodes: 0,
-        others: Vec::new(),
-        file: None,
-    };
-    // Two nodes may find the same hang at once: the first to set the key
-    // waits for the others' stacks; the others count themselves in.
-    let mut first = true;
-    if here.nodes > 1 {
-        // Unique to this node: two finders must tell their values apart.
-        let headline = format!(
-            "hang in attempt {} found by node {} ({})",
-            here.attempt, here.node_rank, here.hostname
-        );
-        let set = store.client.compare_set(&headline_key, "", &headline);
-        match tokio::time::timeout(Duration::from_secs(2), set).await {
-            Ok(Ok(value)) => first = value == headline.as_bytes(),
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce the hang in the store"),
-            Err(_) => tracing::warn!("the store did not answer in 2 s; the hang is not announced"),
-        }
-    }
-    report.ranks = hang::collect(ranks).await;
-    if let Some(dir) = group.attempt_dir() {
-        report.write(dir, here.attempt);
-    }
-    if here.nodes > 1 {
-        if first {
-            report.silent_nodes =
-                wait_for_other_stacks(store, &config.run_id, here.attempt_id, here.nodes - 1).await;
-            report.others = other_nodes_ranks(store, &config.run_id, here).await;
-            // Again, with every node's ranks.
-            if let Some(dir) = group.attempt_dir() {
-                report.write(dir, here.attempt);
-            }
-        } else {
-            count_my_stacks(store, &config.run_id, here, &report).await;
-        }
-    }
-    announce(
-        store,
-        &keys::failed(&config.run_id, here.attempt_id),
-        &report.headline(here.attempt),
-        "the hang",
-    )
-    .await;
-    group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
-    report
-}
-
-/// How long the node that found a hang waits for the others' stacks.
-const OTHER_STACKS_PATIENCE: Duration = Duration::from_secs(15);
-
-/// Waits until `others` nodes have taken their stacks, at most
-/// [`OTHER_STACKS_PATIENCE`] (a node that is gone never will); returns how
-/// many did not.
-async fn wait_for_other_stacks(
-    store: &JobStore,
-    run_id: &str,
-    attempt: u32,
-    others: usize,
-) -> usize {
-    let key = keys::hang_stacks_taken(run_id, attempt);
-    let deadline = tokio::time::Instant::now() + OTHER_STACKS_PATIENCE;
-    let mut taken = 0;
-    while tokio::time::Instant::now() < deadline {
-        match tokio::time::timeout(Duration::from_secs(2), store.client.add(&key, 0)).await {
-            Ok(Ok(n)) => taken = usize::try_from(n).unwrap_or(0),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "cannot read how many nodes took their stacks")
-            }
-            Err(_) => {}
-        }
-        if taken >= others {
-            return 0;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tracing::warn!(
-        others,
-        taken,
-        "not every other node took its stacks in time; stopping the workers anyway"
-    );
-    others - taken.min(others)
-}
-
-/// The hang another node found in this attempt, if one did.
-async fn hang_elsewhere(store: &JobStore, run_id: &str, attempt: u32) -> Option<String> {
-    read_if_set(
-        store,
-        &keys::hang(run_id, attempt),
-        Duration::from_secs(2),
-        "a hang on another node",
-    )
-    .await
-    .map(|v| String::from_utf8_lossy(&v).into_owned())
-}
-
-/// The value of `key` if it is set, without waiting for it; `None` when it
-/// is not, or the store does not answer within `patience` (said at debug
-/// level: these reads are checks the launcher makes again).
-async fn read_if_set(
-    store: &JobStore,
-    key: &str,
-    patience: Duration,
-    what: &str,
-) -> Option<Vec<u8>> {
-    let read = async {
-        if store.client.check(&[key]).await? {
-            store.client.get_now(key).await.map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-    match tokio::time::timeout(patience, read).await {
-        Ok(Ok(value)) => value,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "cannot check the store for {what}");
-            None
-        }
-        Err(_) => None,
-    }
-}
-
-/// Another node found the job hung: this node's stacks, written beside its
-/// logs and shown, then counted in the store. The workers are left to the
-/// failure that follows.
-async fn stacks_for_elsewhere(
-    config: &LaunchConfig,
-    store: &JobStore,
-    group: &WorkerGroup,
-    out: &ConsoleSender,
-    here: &Here<'_>,
-    there: String,
-) {
-    let mut report = HangReport {
-        stall: hang::Stall::Elsewhere(there),
-        timeout: config.hang_timeout,
-        startup: config.startup_timeout,
-        detected: std::time::SystemTime::now(),
-        node_rank: here.node_rank,
-        hostname: here.hostname.to_owned(),
-        ranks: hang::collect(group.beats()).await,
-        silent_nodes: 0,
-        others: Vec::new(),
-        file: None,
-    };
-    if let Some(dir) = group.attempt_dir() {
-        report.write(dir, here.attempt);
-    }
-    out.notice(report.render(here.attempt));
-    count_my_stacks(store, &config.run_id, here, &report).await;
-}
-
-/// The other nodes' ranks, as each published them with its stacks (those
-/// that did not are left out: `silent_nodes` counts them).
-async fn other_nodes_ranks(store: &JobStore, run_id: &str, here: &Here<'_>) -> Vec<hang::Summary> {
-    let mut others = Vec::new();
-    for node in (0..here.nodes).filter(|n| *n != here.node_rank) {
-        let key = keys::hang_ranks(run_id, here.attempt_id, node);
-        let patience = Duration::from_secs(2);
-        let Some(value) = read_if_set(store, &key, patience, "a node's ranks in a hang").await
-        else {
-            continue;
-        };
-        match serde_json::from_slice::<Vec<serde_json::Value>>(&value) {
-            Ok(ranks) => others.extend(ranks.iter().filter_map(hang::Summary::from_json)),
-            Err(e) => {
-                tracing::warn!(node, error = %e, "a node's ranks for the hang report are not JSON")
-            }
-        }
-    }
-    others
-}
-
-/// Publishes this node's ranks and tells the node that found the hang that
-/// this node's stacks are taken.
-async fn count_my_stacks(store: &JobStore, run_id: &str, here: &Here<'_>, report: &HangReport) {
-    let (attempt, node) = (here.attempt_id, here.node_rank);
-    let set = store
-        .client
-        .set(keys::hang_ranks(run_id, attempt, node), report.published());
-    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(2), set).await {
-        tracing::warn!(error = %e, "cannot publish this node's ranks for the hang report");
-    }
-    let add = store
-        .client
-        .add(keys::hang_stacks_taken(run_id, attempt), 1);
-    match tokio::time::timeout(Duration::from_secs(2), add).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot say in the store that this node took its stacks")
-        }
-        Err(_) => {
-            tracing::warn!("the store did not answer in 2 s; this node's stacks are not counted")
         }
     }
 }
@@ -808,16 +592,128 @@ fn stopped_by_us(how: ExitKind) -> bool {
     matches!(how, ExitKind::Signal(s) if s == Signal::SIGTERM as i32 || s == Signal::SIGKILL as i32)
 }
 
+/// What this node's ranks reported of their stop (`relaunch.preemption`
+/// writes [`keys::stopped`]): where each stopped, and its checkpoint.
+struct StopReports {
+    /// Global rank, then its report if it wrote one.
+    ranks: Vec<(usize, Option<RankStop>)>,
+}
+
+#[derive(serde::Deserialize)]
+struct RankStop {
+    step: u64,
+    /// Where its checkpoint of that step is; absent until one is written
+    /// (empty when the caller did not say where).
+    checkpoint: Option<String>,
+}
+
+impl StopReports {
+    async fn read(
+        store: &JobStore,
+        run_id: &str,
+        place: crate::group::Placement,
+        config: &LaunchConfig,
+    ) -> Self {
+        let mut ranks = Vec::with_capacity(config.nproc_per_node);
+        for rank in place.first_rank..place.first_rank + config.nproc_per_node {
+            let report = store
+                .read_if_set(
+                    &keys::stopped(run_id, rank),
+                    Duration::from_secs(2),
+                    "a rank's stop",
+                )
+                .await
+                .and_then(|value| match serde_json::from_slice::<RankStop>(&value) {
+                    Ok(stop) => Some(stop),
+                    Err(e) => {
+                        tracing::warn!(rank, error = %e, "a rank's stop report is not what relaunch.preemption writes");
+                        None
+                    }
+                });
+            ranks.push((rank, report));
+        }
+        Self { ranks }
+    }
+
+    /// Every rank of this node stopped at the agreed step.
+    fn all_stopped(&self) -> bool {
+        self.ranks.iter().all(|(_, stop)| stop.is_some())
+    }
+
+    /// One line: where the ranks stopped and what they saved, or which did
+    /// not stop at an agreed step.
+    fn describe(&self, signal: Signal) -> String {
+        let missing: Vec<usize> = self
+            .ranks
+            .iter()
+            .filter(|(_, stop)| stop.is_none())
+            .map(|(rank, _)| *rank)
+            .collect();
+        if !missing.is_empty() {
+            return format!(
+                "relaunch: {signal}: every worker exited 0, but rank(s) {} did not stop at an \
+                 agreed step: their work since their last checkpoint may be lost. Use \
+                 relaunch.preemption (or a relaunch integration: Lightning, transformers, \
+                 accelerate) so that every rank stops at one step with its checkpoint",
+                crate::stacks::ranks_text(&missing)
+            );
+        }
+        let mut steps: Vec<u64> = self
+            .ranks
+            .iter()
+            .filter_map(|(_, stop)| stop.as_ref().map(|s| s.step))
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        let at = match steps.as_slice() {
+            [step] => format!("at step {step}"),
+            _ => format!(
+                "at steps {}",
+                steps
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let unsaved: Vec<usize> = self
+            .ranks
+            .iter()
+            .filter(|(_, stop)| stop.as_ref().is_some_and(|s| s.checkpoint.is_none()))
+            .map(|(rank, _)| *rank)
+            .collect();
+        let mut places: Vec<&str> = self
+            .ranks
+            .iter()
+            .filter_map(|(_, stop)| stop.as_ref().and_then(|s| s.checkpoint.as_deref()))
+            .filter(|p| !p.is_empty())
+            .collect();
+        places.sort_unstable();
+        places.dedup();
+        let saved = if !unsaved.is_empty() {
+            format!(
+                "; rank(s) {} did not report a checkpoint of that step (relaunch.preemption.saved)",
+                crate::stacks::ranks_text(&unsaved)
+            )
+        } else if places.is_empty() {
+            ", each with its checkpoint".to_owned()
+        } else {
+            format!(", each with its checkpoint ({})", places.join(", "))
+        };
+        format!("relaunch: {signal}: every rank on this node stopped {at}{saved}")
+    }
+}
+
 /// The signal another node (or a worker) announced, if the job was asked to
 /// stop.
 async fn preempted_elsewhere(store: &JobStore, run_id: &str) -> Option<Signal> {
-    let value = read_if_set(
-        store,
-        &keys::preempt(run_id),
-        Duration::from_secs(5),
-        "a preemption",
-    )
-    .await?;
+    let value = store
+        .read_if_set(
+            &keys::preempt(run_id),
+            Duration::from_secs(5),
+            "a preemption",
+        )
+        .await?;
     Some(crate::config::parse_signal(&String::from_utf8_lossy(&value)).unwrap_or(Signal::SIGTERM))
 }
 
@@ -825,24 +721,9 @@ async fn preempted_elsewhere(store: &JobStore, run_id: &str) -> Option<Signal> {
 /// the key that `relaunch.preemption` waits on. Bounded: a store that does
 /// not answer must not delay forwarding the signal.
 async fn announce_preemption(store: &JobStore, run_id: &str, signal: Signal) {
-    announce(
-        store,
-        &keys::preempt(run_id),
-        signal.as_str(),
-        "the preemption",
-    )
-    .await;
-}
-
-/// Sets `key` to `value` unless it is set already, waiting at most 2 s for
-/// the store.
-async fn announce(store: &JobStore, key: &str, value: &str, what: &str) {
-    let set = store.client.compare_set(key, "", value);
-    match tokio::time::timeout(Duration::from_secs(2), set).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce {what} in the store"),
-        Err(_) => tracing::warn!("the store did not answer in 2 s; {what} is not announced there"),
-    }
+    store
+        .announce(&keys::preempt(run_id), signal.as_str(), "the preemption")
+        .await;
 }
 
 /// A worker failed: what is left of its process group dies at once (its
@@ -857,7 +738,9 @@ async fn worker_failed(store: &JobStore, failed_key: &str, group: &WorkerGroup, 
         group.describe(exit.local_rank),
         exit.kind.describe()
     );
-    announce(store, failed_key, &text, "a worker's failure").await;
+    store
+        .announce(failed_key, &text, "a worker's failure")
+        .await;
 }
 
 /// The workers that did not exit with code 0 after a stop request.

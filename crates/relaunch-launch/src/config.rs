@@ -289,6 +289,10 @@ pub enum RendezvousConfig {
 pub struct Entrypoint {
     pub program: OsString,
     pub args: Vec<OsString>,
+    /// The Python that runs the workers; with `--no-python`, the one the
+    /// launcher would have used, whose torch the program most likely
+    /// imports (asked for its version: [`crate::torch`]).
+    pub python: OsString,
 }
 
 impl Entrypoint {
@@ -312,6 +316,7 @@ impl Entrypoint {
             return Ok(Self {
                 program: script,
                 args,
+                python,
             });
         }
         let mut full = vec![OsString::from("-u")];
@@ -321,8 +326,9 @@ impl Entrypoint {
         full.push(script);
         full.extend(args);
         Ok(Self {
-            program: python,
+            program: python.clone(),
             args: full,
+            python,
         })
     }
 }
@@ -360,12 +366,43 @@ pub struct LaunchConfig {
     pub entrypoint: Entrypoint,
     /// `--server`: the job is logged as a run of this tracking server.
     pub tracking: Option<crate::tracking::TrackingConfig>,
+    /// torchrun's `--duplicate-stdout-filters` / `--duplicate-stderr-filters`.
+    pub duplicate_filters: DuplicateFilters,
+    /// torchrun's `--virtual-local-rank`: `LOCAL_RANK=0` and one GPU each.
+    pub virtual_local_rank: bool,
+}
+
+/// Console lines that contain any of these strings are also written to
+/// `attempt_N/filtered_stdout.log` (or `filtered_stderr.log`), every rank
+/// into one file, prefixed as on the console (torchrun's
+/// `--duplicate-*-filters`). Only streams the console shows are filtered,
+/// as under torchrun, where they are the tee'd ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DuplicateFilters {
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
 }
 
 /// torchrun's default console prefix: `[default0]:`.
 pub const DEFAULT_PREFIX_TEMPLATE: &str = "[${role_name}${local_rank}]:";
 
 impl LaunchConfig {
+    /// Whether the job's nodes may be other hosts: more than one node, met
+    /// at a rendezvous host that is not this one's loopback (several
+    /// launchers on one machine meet at `localhost`).
+    pub fn spans_hosts(&self) -> bool {
+        let host = match &self.rendezvous {
+            RendezvousConfig::Static { master_addr, .. } => master_addr,
+            RendezvousConfig::Dynamic { host, .. } => host,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        self.nnodes.max > 1 && !loopback
+    }
+
     /// Refuses combinations that cannot work, with a message that says what
     /// to change.
     pub fn validate(&self) -> Result<(), LaunchError> {
@@ -453,6 +490,64 @@ impl LaunchConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn test_config() -> LaunchConfig {
+        LaunchConfig {
+            nproc_per_node: 1,
+            nnodes: NodeRange { min: 1, max: 1 },
+            node_rank: 0,
+            rendezvous: RendezvousConfig::Static {
+                master_addr: "localhost".into(),
+                master_port: None,
+            },
+            run_id: "job".into(),
+            role: "default".into(),
+            max_restarts: 0,
+            monitor_interval: Duration::from_millis(100),
+            shutdown_timeout: Duration::from_secs(30),
+            hang_timeout: None,
+            startup_timeout: None,
+            log_dir: None,
+            redirects: "0".parse().unwrap(),
+            tee: "0".parse().unwrap(),
+            local_ranks_filter: None,
+            log_line_prefix_template: DEFAULT_PREFIX_TEMPLATE.into(),
+            signals: vec![Signal::SIGTERM],
+            entrypoint: Entrypoint::new("python3".into(), "t.py".into(), vec![], false, false)
+                .unwrap(),
+            tracking: None,
+            duplicate_filters: DuplicateFilters::default(),
+            virtual_local_rank: false,
+        }
+    }
+
+    #[test]
+    fn only_nodes_met_at_a_non_loopback_host_span_hosts() {
+        let config = |nnodes: usize, rendezvous: RendezvousConfig| LaunchConfig {
+            nnodes: NodeRange {
+                min: 1,
+                max: nnodes,
+            },
+            rendezvous,
+            ..test_config()
+        };
+        let dynamic = |host: &str| RendezvousConfig::Dynamic {
+            host: host.into(),
+            port: 29400,
+            id: "j".into(),
+            conf: BTreeMap::new(),
+        };
+        let fixed = |addr: &str| RendezvousConfig::Static {
+            master_addr: addr.into(),
+            master_port: Some(29500),
+        };
+        assert!(config(2, dynamic("node0")).spans_hosts());
+        assert!(config(2, fixed("10.1.2.3")).spans_hosts());
+        assert!(!config(2, dynamic("localhost")).spans_hosts());
+        assert!(!config(2, dynamic("127.0.0.1")).spans_hosts());
+        assert!(!config(2, fixed("[::1]")).spans_hosts());
+        assert!(!config(1, dynamic("node0")).spans_hosts());
+    }
 
     #[test]
     fn nproc_values() {

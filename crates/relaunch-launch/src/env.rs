@@ -40,7 +40,9 @@ pub const TORCHELASTIC_SIGNALS_TO_HANDLE: &str = "TORCHELASTIC_SIGNALS_TO_HANDLE
 /// NCCL watchdog error handling; `1` unless the caller set it.
 pub const TORCH_NCCL_ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 /// torch's NCCL flight recorder, set up for hang reports unless the user set
-/// it (either name): its ring of the last collectives (entries), a dump
+/// it (either name): its ring of the last collectives (entries; under the
+/// name the workers' torch reads without a deprecation warning, see
+/// [`crate::torch`]), a dump
 /// when NCCL's watchdog times out, where dumps go (`PREFIX` + rank, in the
 /// rank's log directory), and a pipe (`PREFIX` + rank) whose write asks
 /// for a dump now, which a hang report does. Only NCCL process groups read
@@ -57,6 +59,8 @@ pub const FLIGHT_RECORDER_ENTRIES: &str = "2000";
 /// (torch appends the rank).
 pub const NCCL_TRACE_PREFIX: &str = "nccl_trace_rank_";
 pub const NCCL_PIPE_PREFIX: &str = "nccl_trace_pipe_";
+/// The GPUs a worker may use; one each under `--virtual-local-rank`.
+pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// `1` when unset and a node runs more than one worker, as torchrun does.
 pub const OMP_NUM_THREADS: &str = "OMP_NUM_THREADS";
 /// relaunch's run id (the same as `TORCHELASTIC_RUN_ID`).
@@ -107,6 +111,12 @@ pub struct AttemptEnv {
     pub signals: String,
     /// More variables for every worker (the tracking server's, with `--server`).
     pub extra: Vec<(&'static str, String)>,
+    /// `--virtual-local-rank`: every worker sees `LOCAL_RANK=0` and only
+    /// its own GPU.
+    pub virtual_local_rank: bool,
+    /// The flight recorder's buffer-size variable of the workers' torch
+    /// ([`crate::torch::TorchVersion::flight_recorder_size_var`]).
+    pub flight_recorder_size_var: &'static str,
 }
 
 /// The variables one worker gets on top of the launcher's own environment.
@@ -140,7 +150,14 @@ pub fn worker_env(
             TORCH_NCCL_ASYNC_ERROR_HANDLING,
             inherited(TORCH_NCCL_ASYNC_ERROR_HANDLING).unwrap_or_else(|| "1".into()),
         ),
-        (LOCAL_RANK, place.local_rank.to_string()),
+        (
+            LOCAL_RANK,
+            if attempt.virtual_local_rank {
+                "0".into()
+            } else {
+                place.local_rank.to_string()
+            },
+        ),
         (TORCHELASTIC_ERROR_FILE, error_file.display().to_string()),
         (TORCHELASTIC_SIGNALS_TO_HANDLE, attempt.signals.clone()),
         (RELAUNCH_RUN_ID, attempt.run_id.clone()),
@@ -155,9 +172,24 @@ pub fn worker_env(
             log_dir.join(BEAT_FILE).display().to_string(),
         ),
     ];
+    if attempt.virtual_local_rank {
+        // torchrun's choice: the local rank's entry of the launcher's own
+        // list (the CLI checked that it has one), else the GPU of that index.
+        let gpu = inherited(CUDA_VISIBLE_DEVICES)
+            .and_then(|list| {
+                list.split(',')
+                    .nth(place.local_rank)
+                    .map(|gpu| gpu.trim().to_owned())
+            })
+            .unwrap_or_else(|| place.local_rank.to_string());
+        env.push((CUDA_VISIBLE_DEVICES, gpu));
+    }
     let unset = |names: &[&str]| names.iter().all(|n| inherited(n).is_none());
     if unset(&[TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_FR_BUFFER_SIZE]) {
-        env.push((TORCH_NCCL_TRACE_BUFFER_SIZE, FLIGHT_RECORDER_ENTRIES.into()));
+        env.push((
+            attempt.flight_recorder_size_var,
+            FLIGHT_RECORDER_ENTRIES.into(),
+        ));
     }
     if unset(&[TORCH_NCCL_DUMP_ON_TIMEOUT]) {
         env.push((TORCH_NCCL_DUMP_ON_TIMEOUT, "1".into()));
@@ -200,6 +232,8 @@ mod tests {
             run_id: "job".into(),
             signals: "SIGTERM,SIGINT".into(),
             extra: Vec::new(),
+            virtual_local_rank: false,
+            flight_recorder_size_var: TORCH_FR_BUFFER_SIZE,
         }
     }
 
@@ -222,10 +256,20 @@ mod tests {
     fn the_nccl_flight_recorder_is_set_up_unless_the_user_did() {
         let dir = Path::new("/logs/attempt_0/1");
         let env = worker_env(&attempt(), place(2), &dir.join("error.json"), dir, |_| None);
+        assert_eq!(get(&env, TORCH_FR_BUFFER_SIZE).as_deref(), Some("2000"));
+        // Only the name the workers' torch reads quietly: torch 2.15 warns
+        // on every rank about the old one.
+        assert_eq!(get(&env, TORCH_NCCL_TRACE_BUFFER_SIZE), None);
+        let old_torch = AttemptEnv {
+            flight_recorder_size_var: TORCH_NCCL_TRACE_BUFFER_SIZE,
+            ..attempt()
+        };
+        let env = worker_env(&old_torch, place(2), &dir.join("error.json"), dir, |_| None);
         assert_eq!(
             get(&env, TORCH_NCCL_TRACE_BUFFER_SIZE).as_deref(),
             Some("2000")
         );
+        assert_eq!(get(&env, TORCH_FR_BUFFER_SIZE), None);
         assert_eq!(get(&env, TORCH_NCCL_DUMP_ON_TIMEOUT).as_deref(), Some("1"));
         assert_eq!(
             get(&env, TORCH_NCCL_DEBUG_INFO_TEMP_FILE).as_deref(),
@@ -246,11 +290,49 @@ mod tests {
         let env = worker_env(&attempt(), place(2), &dir.join("error.json"), dir, users);
         for name in [
             TORCH_NCCL_TRACE_BUFFER_SIZE,
+            TORCH_FR_BUFFER_SIZE,
             TORCH_NCCL_DUMP_ON_TIMEOUT,
             TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
         ] {
             assert_eq!(get(&env, name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn a_virtual_local_rank_sees_one_gpu_as_local_rank_0() {
+        let virtual_ranks = AttemptEnv {
+            virtual_local_rank: true,
+            ..attempt()
+        };
+        let env = worker_env(
+            &virtual_ranks,
+            place(2),
+            Path::new("/e"),
+            Path::new("/l"),
+            |_| None,
+        );
+        assert_eq!(get(&env, LOCAL_RANK).as_deref(), Some("0"));
+        assert_eq!(get(&env, CUDA_VISIBLE_DEVICES).as_deref(), Some("1"));
+        let listed = |k: &str| (k == CUDA_VISIBLE_DEVICES).then(|| "4, 6".to_owned());
+        let env = worker_env(
+            &virtual_ranks,
+            place(2),
+            Path::new("/e"),
+            Path::new("/l"),
+            listed,
+        );
+        assert_eq!(get(&env, CUDA_VISIBLE_DEVICES).as_deref(), Some("6"));
+        assert_eq!(get(&env, RANK).as_deref(), Some("3"));
+        // Without the flag: the real local rank, and the GPUs left alone.
+        let env = worker_env(
+            &attempt(),
+            place(2),
+            Path::new("/e"),
+            Path::new("/l"),
+            listed,
+        );
+        assert_eq!(get(&env, LOCAL_RANK).as_deref(), Some("1"));
+        assert_eq!(get(&env, CUDA_VISIBLE_DEVICES), None);
     }
 
     #[test]

@@ -11,12 +11,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::LaunchConfig;
+use crate::config::{DuplicateFilters, LaunchConfig};
 use crate::console::{ConsoleSender, Stream};
 use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, worker_env};
 use crate::error::LaunchError;
 use crate::hang::RankBeat;
-use crate::logs::{LogLayout, StreamSink, Tail, pump};
+use crate::logs::{Duplicate, LogLayout, StreamSink, Tail, pump};
 use crate::report::{ErrorFile, Failure};
 use crate::tracking::LineTap;
 use crate::worker::{self, ExitKind};
@@ -61,6 +61,13 @@ impl std::fmt::Debug for WorkerGroup {
     }
 }
 
+/// One attempt's `--duplicate-*-filters` files, shared by its ranks.
+#[derive(Debug, Default)]
+struct Duplicates {
+    stdout: Option<Arc<Duplicate>>,
+    stderr: Option<Arc<Duplicate>>,
+}
+
 /// Where this node's workers sit in the job, for one attempt.
 #[derive(Clone, Copy, Debug)]
 pub struct Placement {
@@ -88,6 +95,21 @@ impl WorkerGroup {
         tap: &dyn Fn(usize) -> Option<LineTap>,
     ) -> Result<Self, LaunchError> {
         let (exit_tx, exits) = mpsc::unbounded_channel();
+        let duplicates = if config.duplicate_filters == DuplicateFilters::default() {
+            Duplicates::default()
+        } else {
+            let dir = layout.attempt_dir(number)?;
+            Duplicates {
+                stdout: Duplicate::create(
+                    dir.join("filtered_stdout.log"),
+                    &config.duplicate_filters.stdout,
+                ),
+                stderr: Duplicate::create(
+                    dir.join("filtered_stderr.log"),
+                    &config.duplicate_filters.stderr,
+                ),
+            }
+        };
         let mut group = Self {
             members: Vec::with_capacity(config.nproc_per_node),
             exits,
@@ -105,7 +127,15 @@ impl WorkerGroup {
             let started = layout.rank_dir(number, local_rank).and_then(|dir| {
                 let tap = tap(place.global_rank);
                 group.start_one(
-                    config, attempt, place, &dir, console, hostname, tap, &exit_tx,
+                    config,
+                    attempt,
+                    place,
+                    &dir,
+                    console,
+                    hostname,
+                    tap,
+                    &duplicates,
+                    &exit_tx,
                 )
             });
             if let Err(e) = started {
@@ -126,6 +156,7 @@ impl WorkerGroup {
         console: &ConsoleSender,
         hostname: &str,
         tap: Option<LineTap>,
+        duplicates: &Duplicates,
         exit_tx: &mpsc::UnboundedSender<Exit>,
     ) -> Result<(), LaunchError> {
         let error_file = dir.join("error.json");
@@ -169,12 +200,17 @@ impl WorkerGroup {
             (Stream::Stdout, &stdout_log, shown && !redirected.stdout),
             (Stream::Stderr, &stderr_log, shown && !redirected.stderr),
         ] {
+            let duplicate = match stream {
+                Stream::Stdout => &duplicates.stdout,
+                Stream::Stderr => &duplicates.stderr,
+            };
             let sink = StreamSink {
                 file: file.clone(),
                 stream,
                 console: to_console.then(|| (console.clone(), prefix.clone())),
                 tail: tail.clone(),
                 tap: tap.clone(),
+                duplicate: duplicate.clone().filter(|_| to_console),
             };
             match stream {
                 Stream::Stdout => {

@@ -156,3 +156,44 @@ async fn is_local_host(host: &str) -> bool {
         .into_iter()
         .any(|a| a.ip().is_loopback() || std::net::TcpListener::bind((a.ip(), 0)).is_ok())
 }
+
+impl JobStore {
+    /// The value of `key` if it is set, without waiting for it; `None` when
+    /// it is not, or the store does not answer within `patience` (said at
+    /// debug level: these reads are checks the launcher makes again).
+    pub(crate) async fn read_if_set(
+        &self,
+        key: &str,
+        patience: Duration,
+        what: &str,
+    ) -> Option<Vec<u8>> {
+        let read = async {
+            if self.client.check(&[key]).await? {
+                self.client.get_now(key).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        match tokio::time::timeout(patience, read).await {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot check the store for {what}");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Sets `key` to `value` unless it is set already, waiting at most 2 s
+    /// for the store.
+    pub(crate) async fn announce(&self, key: &str, value: &str, what: &str) {
+        let set = self.client.compare_set(key, "", value);
+        match tokio::time::timeout(Duration::from_secs(2), set).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot announce {what} in the store"),
+            Err(_) => {
+                tracing::warn!("the store did not answer in 2 s; {what} is not announced there")
+            }
+        }
+    }
+}

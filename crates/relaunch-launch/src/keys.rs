@@ -54,6 +54,14 @@ pub fn preempt(run_id: &str) -> String {
     format!("relaunch/{run_id}/workers/preempt")
 }
 
+/// Written by rank `rank`'s `relaunch.preemption` when it stops at the
+/// agreed step (JSON: `step`, `agreed`, `checkpoint`, the last once its
+/// checkpoint of that step is written). The launcher reads its own ranks'
+/// when a stopped attempt ends: exit code 75 needs every one.
+pub fn stopped(run_id: &str, rank: usize) -> String {
+    format!("relaunch/{run_id}/workers/stopped/{rank}")
+}
+
 /// Set by a launcher as soon as one of its workers failed in attempt
 /// `attempt` (`RELAUNCH_ATTEMPT`), before it stops the others; its value
 /// says which rank and how. Ranks blocked in relaunch's own agreement

@@ -16,6 +16,7 @@ pub mod env;
 mod error;
 pub mod group;
 pub mod hang;
+mod hang_nodes;
 mod job_store;
 pub mod keys;
 pub mod lines;
@@ -26,6 +27,7 @@ pub mod report;
 mod signals;
 pub mod stacks;
 pub mod straggler;
+pub mod torch;
 pub mod tracking;
 pub mod worker;
 
@@ -38,8 +40,9 @@ pub use config::LaunchConfig;
 pub use error::LaunchError;
 pub use tracking::TrackingConfig;
 
-/// Exit code when a signal stopped the job and every worker exited cleanly:
-/// the job was preempted and should be requeued (EX_TEMPFAIL).
+/// Exit code when a signal stopped the job and every rank stopped at the
+/// step they agreed on (`relaunch.preemption`) and exited 0: the job was
+/// preempted, lost nothing, and should be requeued (EX_TEMPFAIL).
 pub const EXIT_PREEMPTED: u8 = 75;
 
 /// How a job ended.
@@ -49,14 +52,16 @@ pub enum Outcome {
     Succeeded,
     /// Workers failed and no restart was left.
     Failed { restarts: u32, log_dir: PathBuf },
-    /// A signal stopped the job; `clean` when every worker then exited 0.
+    /// A signal stopped the job; `clean` when every rank then stopped at
+    /// the agreed step and exited 0.
     Stopped { signal: Signal, clean: bool },
 }
 
 impl Outcome {
     /// The launcher's exit code: 0 success, 1 workers failed,
     /// [`EXIT_PREEMPTED`] (75) stopped cleanly, 128 + N stopped by signal N
-    /// with workers that did not exit cleanly.
+    /// with ranks that did not stop cleanly (failed, killed, or exited
+    /// without agreeing on a stop step).
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Succeeded => 0,

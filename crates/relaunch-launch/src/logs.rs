@@ -35,24 +35,38 @@ pub struct LogLayout {
 }
 
 impl LogLayout {
-    /// Creates `LOG_DIR/RUN_ID_XXXXXX`, or a temporary directory.
+    /// Creates `LOG_DIR/RUN_ID_XXXXXX`, or a temporary directory, new and
+    /// private (mode 0700, as torchrun's `mkdtemp`): workers' logs may hold
+    /// anything they print, and other users of a shared node must not read
+    /// them. An existing directory of that name is never reused; another
+    /// suffix is drawn.
     pub fn create(log_dir: Option<&Path>, run_id: &str) -> Result<Self, LaunchError> {
-        let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
+        use std::os::unix::fs::DirBuilderExt as _;
         let (parent, temporary) = match log_dir {
             Some(dir) => (dir.to_path_buf(), false),
             None => (std::env::temp_dir(), true),
         };
-        let name = if temporary {
-            format!("relaunch_{run_id}_{suffix}")
-        } else {
-            format!("{run_id}_{suffix}")
-        };
-        let root = parent.join(name);
-        std::fs::create_dir_all(&root).map_err(|source| LaunchError::LogDir {
-            path: root.clone(),
+        std::fs::create_dir_all(&parent).map_err(|source| LaunchError::LogDir {
+            path: parent.clone(),
             source,
         })?;
-        Ok(Self { root, temporary })
+        let mut tries = 0;
+        loop {
+            let suffix: String = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
+            let name = if temporary {
+                format!("relaunch_{run_id}_{suffix}")
+            } else {
+                format!("{run_id}_{suffix}")
+            };
+            let root = parent.join(name);
+            match std::fs::DirBuilder::new().mode(0o700).create(&root) {
+                Ok(()) => return Ok(Self { root, temporary }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 100 => {
+                    tries += 1;
+                }
+                Err(source) => return Err(LaunchError::LogDir { path: root, source }),
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -61,6 +75,16 @@ impl LogLayout {
 
     pub fn is_temporary(&self) -> bool {
         self.temporary
+    }
+
+    /// `attempt_N`, created.
+    pub fn attempt_dir(&self, attempt: u32) -> Result<PathBuf, LaunchError> {
+        let dir = self.root.join(format!("attempt_{attempt}"));
+        std::fs::create_dir_all(&dir).map_err(|source| LaunchError::LogDir {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
     }
 
     /// `attempt_N/LOCAL_RANK`, created.
@@ -89,6 +113,59 @@ impl LogLayout {
 /// The last lines of one stream, shared with the failure report.
 pub type Tail = Arc<Mutex<VecDeque<String>>>;
 
+/// torchrun's `--duplicate-*-filters`: the console's lines of one stream
+/// (every rank of the attempt) that contain any of the filters, also
+/// written to one file (`attempt_N/filtered_stdout.log`), prefixed as on
+/// the console, each line flushed as it comes.
+#[derive(Debug)]
+pub struct Duplicate {
+    filters: Vec<Vec<u8>>,
+    path: PathBuf,
+    file: Mutex<Option<std::fs::File>>,
+}
+
+impl Duplicate {
+    /// Creates the file; `None` without filters (nothing is duplicated) or
+    /// when the file cannot be created (a warning says so).
+    pub fn create(path: PathBuf, filters: &[String]) -> Option<Arc<Self>> {
+        if filters.is_empty() {
+            return None;
+        }
+        match std::fs::File::create(&path) {
+            Ok(file) => Some(Arc::new(Self {
+                filters: filters.iter().map(|f| f.as_bytes().to_vec()).collect(),
+                path,
+                file: Mutex::new(Some(file)),
+            })),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot create the filtered log; lines are not duplicated");
+                None
+            }
+        }
+    }
+
+    fn offer(&self, prefix: &str, line: &[u8]) {
+        let matches = self
+            .filters
+            .iter()
+            .any(|f| line.windows(f.len()).any(|w| w == f.as_slice()));
+        if !matches {
+            return;
+        }
+        let mut record = Vec::with_capacity(prefix.len() + line.len() + 1);
+        record.extend_from_slice(prefix.as_bytes());
+        record.extend_from_slice(line);
+        record.push(b'\n');
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = file.as_mut()
+            && let Err(e) = f.write_all(&record)
+        {
+            tracing::warn!(file = %self.path.display(), error = %e, "cannot write the filtered log");
+            *file = None;
+        }
+    }
+}
+
 /// Where one worker stream's pieces go.
 #[derive(Debug)]
 pub struct StreamSink {
@@ -99,6 +176,8 @@ pub struct StreamSink {
     pub tail: Tail,
     /// The tracking server's copy of the stream's lines, with `--server`.
     pub tap: Option<crate::tracking::LineTap>,
+    /// `--duplicate-*-filters`, for a stream the console shows.
+    pub duplicate: Option<Arc<Duplicate>>,
 }
 
 /// Reads `source` until it closes, writing whole lines to the sink's file,
@@ -167,11 +246,64 @@ fn deliver(
             }
         }
         if let Some((console, prefix)) = &sink.console {
+            if let (Some(duplicate), Piece::Line(line)) = (&sink.duplicate, &piece) {
+                duplicate.offer(prefix, line);
+            }
             console.send(ConsoleLine {
                 prefix: prefix.clone(),
                 stream: sink.stream,
                 piece,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// Regression: the directory was created with the umask's mode (0755
+    /// in /tmp), readable by every user of the node.
+    #[test]
+    fn log_directories_are_new_and_private() {
+        let parent = std::env::temp_dir().join(format!("relaunch-logs-{}", uuid::Uuid::new_v4()));
+        let first = LogLayout::create(Some(&parent), "job").unwrap();
+        let second = LogLayout::create(Some(&parent), "job").unwrap();
+        assert_ne!(first.root(), second.root());
+        for layout in [&first, &second] {
+            let mode = std::fs::metadata(layout.root())
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", layout.root().display());
+            assert!(!layout.is_temporary());
+        }
+        let temporary = LogLayout::create(None, "job").unwrap();
+        let mode = std::fs::metadata(temporary.root())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        temporary.cleanup();
+        assert!(!temporary.root().exists());
+        std::fs::remove_dir_all(&parent).unwrap();
+    }
+
+    #[test]
+    fn duplicated_lines_are_the_ones_with_a_filter_prefixed_as_on_the_console() {
+        let dir = std::env::temp_dir().join(format!("relaunch-dup-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("filtered_stdout.log");
+        assert!(Duplicate::create(path.clone(), &[]).is_none());
+        let dup = Duplicate::create(path.clone(), &["loss".into(), "a,b".into()]).unwrap();
+        dup.offer("[default0]:", b"step 1 loss 0.5");
+        dup.offer("[default1]:", b"nothing here");
+        dup.offer("[default1]:", b"x a,b y");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "[default0]:step 1 loss 0.5\n[default1]:x a,b y\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

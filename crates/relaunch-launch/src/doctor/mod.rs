@@ -400,7 +400,7 @@ pub fn check_hostname(host: &Host, multi_node: bool) -> Finding {
         );
         return finding.fix(
             "for multi-node jobs, map the hostname to the node's network address in /etc/hosts or DNS, \
-             or pass --local-addr and set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME",
+             or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the interface the nodes share",
         );
     }
     Finding::new(

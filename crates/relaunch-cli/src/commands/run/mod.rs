@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use relaunch_client::http::{TOKEN_ENV, normalize_server};
 use relaunch_client::local::DEFAULT_DIR;
 use relaunch_launch::config::{
-    DEFAULT_PREFIX_TEMPLATE, DEFAULT_SIGNALS, Entrypoint, LaunchConfig, NProc, NodeRange,
-    RendezvousConfig, parse_signals,
+    DEFAULT_PREFIX_TEMPLATE, DEFAULT_SIGNALS, DuplicateFilters, Entrypoint, LaunchConfig, NProc,
+    NodeRange, RendezvousConfig, parse_signals,
 };
 use relaunch_launch::tracking::{DEFAULT_EXIT_TIMEOUT, EXIT_TIMEOUT_ENV};
 use relaunch_launch::{LaunchError, Outcome, TrackingConfig};
@@ -31,8 +31,16 @@ const DEFAULT_SHUTDOWN_TIMEOUT: f64 = 30.0;
 
 /// Runs the job; returns the launcher's exit code.
 pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
+    if let Some(shell) = &args.print_completion {
+        let script = crate::completion::script(shell).map_err(UsageError)?;
+        crate::output::data(&script)?;
+        return Ok(0);
+    }
     let resolved = resolve(args, context, &scheduler::process_env).map_err(UsageError)?;
     let sync = sync_dir(args, &resolved.config).map_err(UsageError)?;
+    for line in compat_notices(args) {
+        crate::output::status(&line);
+    }
     if args.print_config {
         crate::output::text(&resolved.report());
         return Ok(0);
@@ -147,7 +155,8 @@ impl Resolved {
                 .map_or("no scheduler".to_owned(), |s| format!("inside {s}"))
         );
         for (name, value, source) in &self.sources {
-            out.push_str(&format!("  {name:<20} {value:<28} <- {source}\n"));
+            let value = crate::render::pad(value, 28);
+            out.push_str(&format!("  {name:<20} {value} <- {source}\n"));
         }
         out
     }
@@ -303,7 +312,7 @@ fn resolve(
                     master_port: master_port.value,
                 }
             }
-            RdzvBackend::C10d => {
+            RdzvBackend::C10d | RdzvBackend::Etcd | RdzvBackend::EtcdV2 => {
                 let from_scheduler = match (alloc_addr, alloc_port) {
                     (Some(addr), Some(port)) => Some(Sourced {
                         value: format!("{}:{}", addr.value, port.value),
@@ -387,14 +396,9 @@ fn resolve(
         None
     };
     let python = context.python();
-    let entrypoint = Entrypoint::new(
-        python,
-        args.training_script.clone(),
-        args.training_script_args.clone(),
-        args.module,
-        args.no_python,
-    )
-    .map_err(|e| e.to_string())?;
+    let (script, script_args) = args.script_and_args();
+    let entrypoint = Entrypoint::new(python, script, script_args, args.module, args.no_python)
+        .map_err(|e| e.to_string())?;
 
     let shutdown_timeout = match args.shutdown_timeout {
         Some(seconds) => seconds,
@@ -469,14 +473,31 @@ fn resolve(
         signals: signals.value,
         entrypoint,
         tracking,
+        duplicate_filters: DuplicateFilters {
+            stdout: args
+                .duplicate_stdout_filters
+                .as_deref()
+                .map(parse_filters)
+                .unwrap_or_default(),
+            stderr: args
+                .duplicate_stderr_filters
+                .as_deref()
+                .map(parse_filters)
+                .unwrap_or_default(),
+        },
+        virtual_local_rank: args.virtual_local_rank,
     };
     config.validate().map_err(|e| e.to_string())?;
-    if let Some(addr) = &args.local_addr {
-        // Accepted so that torchrun command lines work; say it does nothing.
-        tracing::warn!(
-            "--local-addr {addr} has no effect: workers reach the store at the rendezvous host, \
-             and Gloo/NCCL choose interfaces from GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
-        );
+    if args.virtual_local_rank
+        && let Ok(list) = std::env::var("CUDA_VISIBLE_DEVICES")
+        && list.split(',').count() < config.nproc_per_node
+    {
+        return Err(format!(
+            "--virtual-local-rank gives each of the {} workers one GPU of \
+             CUDA_VISIBLE_DEVICES={list}, which lists fewer; list one per worker or lower \
+             --nproc-per-node",
+            config.nproc_per_node
+        ));
     }
     Ok(Resolved {
         config,
@@ -484,6 +505,75 @@ fn resolve(
         requeue,
         scheduler: alloc.map(|a| a.scheduler),
     })
+}
+
+/// One line for each torchrun flag given that relaunch accepts but does
+/// not act on, saying what it does instead, so a torchrun command line runs
+/// unchanged and nothing is silently ignored.
+fn compat_notices(args: &RunArgs) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut say = |text: String| lines.push(format!("relaunch: warning: {text}"));
+    if let Some(addr) = &args.local_addr {
+        say(format!(
+            "--local-addr {addr} has no effect: workers reach the store at the rendezvous host, \
+             and Gloo/NCCL choose interfaces from GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME"
+        ));
+    }
+    if matches!(args.rdzv_backend, RdzvBackend::Etcd | RdzvBackend::EtcdV2) {
+        say(
+            "--rdzv-backend etcd: relaunch needs no etcd server; nodes meet through relaunch's \
+             own store at --rdzv-endpoint, hosted by the launcher on that host (as with c10d)"
+                .into(),
+        );
+    }
+    if let Some(name) = &args.logs_specs {
+        say(format!(
+            "--logs-specs {name} is not loaded: relaunch writes LOG_DIR/RUN_ID_XXXXXX/attempt_N/RANK/ \
+             {{stdout,stderr}}.log itself (--log-dir, --redirects, --tee)"
+        ));
+    }
+    if let Some(name) = &args.event_log_handler {
+        say(format!(
+            "--event-log-handler {name} is not used: relaunch records the job's events \
+             (attempts, restarts, exits, root causes) in its run with --server, and on the console"
+        ));
+    }
+    if let Some(mode) = &args.numa_binding {
+        say(format!(
+            "--numa-binding {mode}: relaunch does not bind workers to CPUs; to bind, run the \
+             script under numactl with --no-python"
+        ));
+    }
+    if args.start_method.is_some() {
+        say("--start-method has no effect: a script always runs in new processes".into());
+    }
+    if args.run_path {
+        say("--run-path: the script runs in a new Python process, as without it".into());
+    }
+    lines
+}
+
+/// torchrun's `--duplicate-*-filters`: comma-separated strings, `,,` for a
+/// comma; empty ones are dropped (an empty list duplicates nothing).
+fn parse_filters(text: &str) -> Vec<String> {
+    let mut filters = Vec::new();
+    let mut current = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                current.push(',');
+            } else {
+                filters.push(std::mem::take(&mut current));
+            }
+        } else {
+            current.push(c);
+        }
+    }
+    filters.push(current);
+    filters.retain(|f| !f.is_empty());
+    filters
 }
 
 fn node_range_text(n: NodeRange) -> String {
@@ -689,6 +779,71 @@ mod tests {
             },
             &|name| env.get(name).cloned(),
         )
+    }
+
+    #[test]
+    fn duplicate_filters_split_on_commas_and_keep_doubled_ones() {
+        assert_eq!(parse_filters("apple,orange"), ["apple", "orange"]);
+        assert_eq!(parse_filters("a,,b,c"), ["a,b", "c"]);
+        assert_eq!(parse_filters(""), Vec::<String>::new());
+        assert_eq!(parse_filters(",loss,"), ["loss"]);
+        let c = resolved(&["--duplicate-stdout-filters", "loss,,x,step", "t.py"]).unwrap();
+        assert_eq!(c.duplicate_filters.stdout, ["loss,x", "step"]);
+        assert!(c.duplicate_filters.stderr.is_empty());
+    }
+
+    #[test]
+    fn torchrun_flags_relaunch_does_not_act_on_each_get_one_line() {
+        let cli = Cli::try_parse_from([
+            "relaunch",
+            "run",
+            "--logs-specs",
+            "mine",
+            "--event-log-handler",
+            "console",
+            "--numa-binding",
+            "node",
+            "--local-addr",
+            "10.0.0.1",
+            "--rdzv-backend",
+            "etcd-v2",
+            "--rdzv-endpoint",
+            "h:2379",
+            "t.py",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not a run command");
+        };
+        let lines = compat_notices(&args);
+        assert_eq!(lines.len(), 5, "{lines:#?}");
+        for (line, flag) in lines.iter().zip([
+            "--local-addr",
+            "--rdzv-backend etcd",
+            "--logs-specs",
+            "--event-log-handler",
+            "--numa-binding",
+        ]) {
+            assert!(line.starts_with("relaunch: warning: "), "{line}");
+            assert!(line.contains(flag), "{line}");
+        }
+        let plain = Cli::try_parse_from(["relaunch", "run", "t.py"]).unwrap();
+        let Command::Run(plain) = plain.command else {
+            panic!("not a run command");
+        };
+        assert!(compat_notices(&plain).is_empty());
+        // etcd runs relaunch's own c10d rendezvous at the endpoint.
+        let c = resolved(&[
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "h:2379",
+            "t.py",
+        ])
+        .unwrap();
+        assert!(
+            matches!(c.rendezvous, RendezvousConfig::Dynamic { ref host, port: 2379, .. } if host == "h")
+        );
     }
 
     const SLURM_TWO_NODES: &[(&str, &str)] = &[

@@ -1,0 +1,184 @@
+//! `relaunch server` and `relaunch server migrate`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::parse_seconds;
+use crate::size::parse_size;
+
+/// Options of `relaunch server`.
+#[derive(Clone, Debug, PartialEq, Eq, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ServerArgs {
+    /// Start the server (no subcommand), or a maintenance command.
+    #[command(subcommand)]
+    pub command: Option<ServerCommand>,
+
+    /// Where the database and files live (created if missing); with --database or --blobs, what
+    /// they do not hold.
+    #[arg(
+        long,
+        env = "RELAUNCH_DATA_DIR",
+        default_value = "relaunch-data",
+        value_name = "DIR"
+    )]
+    pub data_dir: PathBuf,
+
+    /// Keep runs, metrics, console lines and events in PostgreSQL instead of SQLite in
+    /// --data-dir: postgres://USER[:PASSWORD]@HOST:PORT/DB (the password from PGPASSWORD when
+    /// the URL has none). The schema is created or migrated at start.
+    #[arg(long, value_name = "URL")]
+    pub database: Option<String>,
+
+    /// Keep file and checkpoint chunks in an S3-compatible bucket instead of --data-dir:
+    /// s3://BUCKET/PREFIX. Credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION; the bucket must exist and is checked at start.
+    #[arg(long, value_name = "URL")]
+    pub blobs: Option<String>,
+
+    /// The S3-compatible service for --blobs (SeaweedFS, MinIO, ...) [default: AWS_ENDPOINT_URL,
+    /// else AWS].
+    #[arg(long, value_name = "URL", requires = "blobs")]
+    pub s3_endpoint: Option<String>,
+
+    /// Address to listen on; anything but loopback needs --token.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on; 0 picks a free one.
+    #[arg(long, default_value_t = 8765)]
+    pub port: u16,
+
+    /// Token every request must carry (Authorization: Bearer TOKEN) [env: RELAUNCH_SERVER_TOKEN].
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Largest request body accepted; larger ones get 413 with this limit in the message.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_request_bytes: usize,
+
+    /// What an acknowledged write survives: fsync (power loss) or process (the server being killed).
+    #[arg(long, value_enum, default_value = "fsync")]
+    pub durability: DurabilityArg,
+
+    /// Seconds a client may take from the first byte of a request to the end of its headers.
+    #[arg(long, default_value = "30", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub header_timeout: Duration,
+
+    /// Seconds a connection may go without a byte while the server waits for the client
+    /// (between requests, within a request body, or for it to read a response); a slow upload
+    /// that keeps sending is never cut.
+    #[arg(long, default_value = "120", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub idle_timeout: Duration,
+
+    /// Connections open at once; more are answered 503 (lowered to fit the open-file limit).
+    #[arg(long, default_value_t = relaunch_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    pub max_connections: usize,
+
+    /// Database reads at once; heavy ones (series, log pages, listings) take at most N-1 of them
+    /// and more wait their turn without holding a thread, and writes never wait for reads.
+    #[arg(long, default_value_t = relaunch_server::storage::sqlite::DEFAULT_MAX_READERS, value_name = "N")]
+    pub max_readers: usize,
+}
+
+impl Default for ServerArgs {
+    fn default() -> Self {
+        Self {
+            command: None,
+            data_dir: "relaunch-data".into(),
+            database: None,
+            blobs: None,
+            s3_endpoint: None,
+            host: "127.0.0.1".into(),
+            port: 8765,
+            token: None,
+            max_request_bytes: relaunch_server::DEFAULT_MAX_REQUEST_BYTES,
+            durability: DurabilityArg::Fsync,
+            header_timeout: relaunch_server::DEFAULT_HEADER_TIMEOUT,
+            idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,
+            max_connections: relaunch_server::DEFAULT_MAX_CONNECTIONS,
+            max_readers: relaunch_server::storage::sqlite::DEFAULT_MAX_READERS,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Subcommand)]
+pub enum ServerCommand {
+    /// Copy every project, run, metric, console line, event, file and checkpoint from one
+    /// storage into another: a data directory into PostgreSQL (+ S3), or back.
+    #[command(after_help = MIGRATE_HELP)]
+    Migrate(Box<MigrateArgs>),
+}
+
+const MIGRATE_HELP: &str = "\
+Examples:
+  relaunch server migrate --from relaunch-data --database postgres://relaunch@db:5432/relaunch \\
+      --blobs s3://bucket/relaunch
+  relaunch server migrate --from-database postgres://relaunch@db:5432/relaunch \\
+      --from-blobs s3://bucket/relaunch --to laptop-data
+
+The source is only read. Each run is copied in one transaction, so a migration that is
+interrupted resumes where it stopped when run again: runs already in the target are skipped,
+chunks already in the target's store are not sent again. A run id in both with different
+content is an error, never merged. The end prints a per-table count of the source's rows and
+the target's, and the exit status is 1 if any differs.";
+
+/// Options of `relaunch server migrate`: the source as `--from*`, the
+/// target with the flags `relaunch server` would start on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(true)
+    .args(["from", "from_database"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true)
+    .args(["to", "database"])))]
+pub struct MigrateArgs {
+    /// The --data-dir of the server to copy from: its SQLite database (unless
+    /// --from-database), and its file chunks (unless --from-blobs).
+    #[arg(long, value_name = "DIR", help_heading = "Source")]
+    pub from: Option<PathBuf>,
+
+    /// The PostgreSQL database of the server to copy from (its --database), read in one
+    /// read-only snapshot.
+    #[arg(long, value_name = "URL", help_heading = "Source")]
+    pub from_database: Option<String>,
+
+    /// The S3 location of its file chunks (its --blobs): s3://BUCKET/PREFIX.
+    #[arg(long, value_name = "URL", help_heading = "Source")]
+    pub from_blobs: Option<String>,
+
+    /// The S3-compatible service of --from-blobs [default: AWS_ENDPOINT_URL, else AWS].
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "from_blobs",
+        help_heading = "Source"
+    )]
+    pub from_s3_endpoint: Option<String>,
+
+    /// The data directory (created if missing) to copy into: SQLite (unless --database)
+    /// and file chunks (unless --blobs).
+    #[arg(long, value_name = "DIR", help_heading = "Target")]
+    pub to: Option<PathBuf>,
+
+    /// The PostgreSQL database to copy into, postgres://USER[:PASSWORD]@HOST:PORT/DB
+    /// (the password from PGPASSWORD when the URL has none); its schema is created or migrated.
+    #[arg(long, value_name = "URL", help_heading = "Target")]
+    pub database: Option<String>,
+
+    /// The S3 location for file chunks, s3://BUCKET/PREFIX (the bucket must exist).
+    /// Credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, for
+    /// both sides.
+    #[arg(long, value_name = "URL", help_heading = "Target")]
+    pub blobs: Option<String>,
+
+    /// The S3-compatible service of --blobs [default: AWS_ENDPOINT_URL, else AWS].
+    #[arg(long, value_name = "URL", requires = "blobs", help_heading = "Target")]
+    pub s3_endpoint: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    Fsync,
+    Process,
+}
