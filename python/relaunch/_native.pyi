@@ -5,12 +5,6 @@ from typing import Any
 
 __version__: str
 
-def cli_main(argv: list[str], python: str | None = None) -> int:
-    """Run the ``relaunch`` command line (program name first); return its exit code.
-
-    ``python`` is the interpreter that ``relaunch run`` starts workers with.
-    """
-
 class Store:
     """Blocking TCPStore client; every key gets ``prefix`` (PyTorch's is ``/``)."""
 

@@ -54,7 +54,77 @@ def test_the_command_runs_workers_under_the_python_beside_it(tmp_path):
 
 
 def test_import_is_light():
-    """`import relaunch` must not drag in torch (it runs in every worker)."""
-    code = "import sys, relaunch; print('torch' in sys.modules)"
+    """`import relaunch` must not drag in torch (it runs in every worker),
+    nor any framework relaunch.integrations adapts to."""
+    code = (
+        "import sys, relaunch, relaunch.integrations; "
+        "print([m for m in ('torch', 'lightning', 'transformers', 'accelerate') "
+        "if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "[]"
+
+
+def _section_names(path: Path) -> set[str]:
+    """The section names of an ELF64 little-endian file (its header table)."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, path
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab_offset = headers[shstrndx][4]
+    names = set()
+    for name_offset, *_ in headers:
+        end = data.index(b"\0", strtab_offset + name_offset)
+        names.add(data[strtab_offset + name_offset : end].decode())
+    return names
+
+
+def test_shipped_artefacts_carry_no_debug_info_and_the_code_once():
+    """Regression: the command (118 MB) and the extension module (125 MB)
+    each carried unstripped debug info and the whole server. Now neither has
+    debug info, and the extension holds no server, launcher command line or
+    dashboard: `python -m relaunch` execs the command instead."""
+    command = Path(sys.executable).parent / "relaunch"
+    module = Path(relaunch._native.__file__)
+    for artefact in (command, module):
+        debug = {n for n in _section_names(artefact) if n.startswith(".debug_")}
+        assert not debug, f"{artefact} has {sorted(debug)}"
+    # Source paths in the logs' metadata name the crates linked in.
+    assert b"crates/relaunch-server/" in command.read_bytes()  # the check can see it
+    assert b"crates/relaunch-cli/" in command.read_bytes()
+    assert b"crates/relaunch-server/" not in module.read_bytes()
+    assert b"crates/relaunch-cli/" not in module.read_bytes()
+    assert module.stat().st_size < 30 * 2**20, module.stat().st_size
+    assert command.stat().st_size < 60 * 2**20, command.stat().st_size
+
+
+def test_python_m_relaunch_runs_workers_under_its_own_interpreter(tmp_path):
+    """`python -m relaunch` execs the native command and hands it the
+    interpreter that ran it, which the workers run under (as when the CLI
+    ran in-process)."""
+    (tmp_path / "where.py").write_text("import sys\nprint('worker python:', sys.executable)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_EXEC", "RELAUNCH_PYTHON")}
+    out = subprocess.run(
+        [sys.executable, "-m", "relaunch", "run", "where.py"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stdout.splitlines() if "worker python:" in x]
+    assert line.split("worker python:", 1)[1].strip() == sys.executable, line
+
+
+def test_architectures_codemap_lists_every_file_as_it_says_of_itself():
+    """ARCHITECTURE.md's one-line-per-file codemap is what
+    scripts/codemap.py makes from the files' own opening doc lines: a file
+    added, removed or renamed without it fails here."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "codemap.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr

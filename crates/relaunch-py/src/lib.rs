@@ -11,19 +11,6 @@ mod transfer;
 
 use pyo3::prelude::*;
 
-/// Runs the `relaunch` command line with `argv` (program name first) and
-/// returns its exit code. `python` is the interpreter running it, which
-/// `relaunch run` uses for workers. The GIL is released for the whole run.
-#[pyfunction]
-#[pyo3(signature = (argv, python=None))]
-fn cli_main(py: Python<'_>, argv: Vec<String>, python: Option<String>) -> i32 {
-    let context = relaunch_cli::Context {
-        python: python.map(Into::into),
-    };
-    let code = py.detach(|| relaunch_cli::run_to_code(argv, &context));
-    i32::from(code)
-}
-
 /// A progress beat for `relaunch run`'s hang detection, at `step` if
 /// given: a few stores into a shared page, no system call. Does nothing
 /// outside `relaunch run`.
@@ -64,7 +51,7 @@ mod _native {
     #[pymodule_export]
     use super::transfer::{download_file, upload_file};
     #[pymodule_export]
-    use super::{claim_stack_signal, cli_main, heartbeat, server_list};
+    use super::{claim_stack_signal, heartbeat, server_list};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
