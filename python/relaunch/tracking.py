@@ -22,7 +22,6 @@ import os
 import sys
 import threading
 import traceback
-import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 from types import TracebackType
@@ -37,7 +36,11 @@ EXIT_TIMEOUT_ENV = "RELAUNCH_EXIT_TIMEOUT"
 
 DEFAULT_EXIT_TIMEOUT = 30.0
 
-_live: weakref.WeakSet[Run] = weakref.WeakSet()
+# Every run this process opened and has not finished or closed, held
+# strongly: the interpreter's exit ships what they logged, also for a run
+# the script no longer references (opened in a function that returned, or
+# by a framework's logger that was garbage collected before the exit).
+_live: set[Run] = set()
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _uncaught: str | None = None
@@ -216,6 +219,7 @@ class Run:
         """
         self._native.finish(_timeout(timeout), error)
         self._state = "finished"
+        _live.discard(self)
 
     def __enter__(self) -> Run:
         return self
@@ -325,6 +329,7 @@ def _after_fork() -> None:
         if run._state == "open":
             run._native._disown()
             run._state = "disowned"
+        _live.discard(run)
 
 
 def _exit_timeout() -> float:
@@ -355,6 +360,7 @@ def _at_exit() -> None:
         try:
             run._native.finish(timeout, _uncaught)
             run._state = "finished"
+            _live.discard(run)
         except (RelaunchError, KeyboardInterrupt) as e:
             _report_unshipped(run, e)
 
@@ -370,3 +376,4 @@ def _report_unshipped(run: Run, error: BaseException) -> None:
     )
     run._native.close()
     run._state = "closed"
+    _live.discard(run)

@@ -734,6 +734,35 @@ print(json.dumps({"parent": os.waitstatus_to_exitcode(status)}), flush=True)
 """
 
 
+# A run opened in a function that returns without finishing it, as a
+# framework's logger does when the trainer that holds it is collected.
+DROPPED_CHILD = r"""
+import gc, sys
+import relaunch
+
+def train(server):
+    run = relaunch.init("dropped", id="dropped-run", server=server)
+    for step in range(500):
+        run.log({"v": float(step)})
+
+train(sys.argv[1])
+gc.collect()
+"""
+
+
+def test_the_exit_ships_a_run_the_script_no_longer_holds(tracking_server, tmp_path):
+    """Regression: open runs were held weakly, so a run that was garbage
+    collected before the interpreter's exit (opened in a function that
+    returned, or by a Trainer's callback) was not shipped at exit: what it
+    logged last stayed in the spool until a later init or `relaunch sync`."""
+    out = python(DROPPED_CHILD, tracking_server.url, env={"RELAUNCH_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert values_by_step(tracking_server, "dropped-run", "v") == {
+        step: float(step) for step in range(500)
+    }
+    assert run_info(tracking_server, "dropped-run")["status"] == "finished"
+
+
 def test_a_forked_child_cannot_log_to_its_parents_run(tracking_server, tmp_path):
     server = tracking_server
     out = python(FORK_CHILD, server.url, str(tmp_path / "spool"))
