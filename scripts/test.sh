@@ -24,18 +24,24 @@ install_relaunch
 # The SLURM tests mostly wait (on slurmctld's scheduling, on time limits
 # and signals), so with no arguments they run in a pytest of their own in
 # the background, while the Rust checks and tests use the CPUs; their
-# output follows the main pytest's.
-SLURM_TESTS=(python/tests/test_slurm.py python/tests/test_slurm_nodes.py)
+# output follows the main pytest's. The framework integration tests
+# (Lightning, transformers, accelerate: small 2-rank jobs that mostly
+# import and wait on their step times and signals) run after them there.
+BACKGROUND_TESTS=(
+    python/tests/test_slurm.py python/tests/test_slurm_nodes.py
+    python/tests/test_integration_lightning.py python/tests/test_integration_transformers.py
+    python/tests/test_integration_accelerate.py
+)
 SLURM_PYTEST_PID=""
 if [ $# -eq 0 ]; then
     SLURM_PYTEST_DIR="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-slurm-pytest.XXXXXX")"
-    say "pytest ${SLURM_TESTS[*]}, in the background (output below, after the other tests)"
+    say "pytest ${BACKGROUND_TESTS[*]}, in the background (output below, after the other tests)"
     # A background job of a script starts with SIGINT ignored; pytest gets
     # Python's default handler back, so that SIGINT stops it cleanly.
     "$PY" -c 'import signal, sys, pytest
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.exit(pytest.main())' -p no:cacheprovider --basetemp "$SLURM_PYTEST_DIR/tmp" \
-        "${SLURM_TESTS[@]}" >"$SLURM_PYTEST_DIR/log" 2>&1 &
+        "${BACKGROUND_TESTS[@]}" >"$SLURM_PYTEST_DIR/log" 2>&1 &
     SLURM_PYTEST_PID=$!
     # Stopped first on the way out (before the services it uses): SIGINT,
     # so that its fixtures tear down (jobs, namespaces), then SIGKILL.
@@ -62,19 +68,19 @@ say "cargo test"
 cargo test --workspace --locked
 
 say "ruff"
-"$VENV/bin/ruff" check python examples bench build_backend
-"$VENV/bin/ruff" format --check python examples bench build_backend
+"$VENV/bin/ruff" check python examples bench build_backend scripts
+"$VENV/bin/ruff" format --check python examples bench build_backend scripts
 say "pytest"
 if [ $# -eq 0 ]; then
     # --durations: where CI's time goes.
-    "$PY" -m pytest --durations=20 "${SLURM_TESTS[@]/#/--ignore=}"
-    say "pytest ${SLURM_TESTS[*]} (run in the background since the start)"
+    "$PY" -m pytest --durations=20 "${BACKGROUND_TESTS[@]/#/--ignore=}"
+    say "pytest ${BACKGROUND_TESTS[*]} (run in the background since the start)"
     slurm_status=0
     wait "$SLURM_PYTEST_PID" || slurm_status=$?
     SLURM_PYTEST_PID=""
     cat "$SLURM_PYTEST_DIR/log"
     if [ "$slurm_status" -ne 0 ]; then
-        echo "error: the SLURM tests failed (exit $slurm_status)" >&2
+        echo "error: the background tests (SLURM, frameworks) failed (exit $slurm_status)" >&2
         exit "$slurm_status"
     fi
 else
