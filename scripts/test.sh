@@ -30,7 +30,7 @@ install_relaunch
 BACKGROUND_TESTS=(
     python/tests/test_slurm.py python/tests/test_slurm_nodes.py
     python/tests/test_integration_lightning.py python/tests/test_integration_transformers.py
-    python/tests/test_integration_accelerate.py
+    python/tests/test_integration_accelerate.py python/tests/test_framework_examples.py
 )
 SLURM_PYTEST_PID=""
 if [ $# -eq 0 ]; then
