@@ -86,6 +86,10 @@ if [ $# -eq 0 ]; then
 else
     "$PY" -m pytest "$@"
 fi
+say "the docs site (mkdocs build --strict: a broken link or reference fails it)"
+DOCS_SITE="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-docs.XXXXXX")"
+NO_MKDOCS_2_WARNING=1 "$PY" -m mkdocs build --strict --quiet --site-dir "$DOCS_SITE/site"
+rm -rf "$DOCS_SITE"
 say "the dashboard in a real browser"
 scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
 # Once more on two replicas on PostgreSQL + S3: the tracking, files,

@@ -3,7 +3,7 @@ through NVML, `save_async` of CUDA tensors, and `doctor` and
 `--nproc-per-node gpu` on a node with a GPU.
 
 These skip on a machine without a CUDA GPU (CI has none). They were run on
-a lent GPU machine (README, "Tested on a GPU").
+a lent GPU machine (docs/install.md, "Tested on a GPU").
 """
 
 from __future__ import annotations

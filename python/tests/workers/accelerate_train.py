@@ -10,7 +10,9 @@ the seedable sampler, ``shuffle=True``), checkpoints only at a stop. Every
 rank appends ``epoch step sample...`` for each batch it trains to
 ``OUT/trace.RANK``; rank 0 writes the final parameters to ``OUT/params.pt``.
 ``--signal-at``, ``--hang-at`` and ``--crash-at`` act on rank 1 of the first
-attempt at that step (counted from 0), as in ``lightning_train.py``.
+attempt at that step (counted from 0), as in ``lightning_train.py``;
+``--no-relaunch`` runs the same loop without relaunch, saving every
+``--save-every`` steps.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--no-relaunch", action="store_true")
+    parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(
         cpu=True,
-        log_with=[RelaunchTracker()],
+        log_with=[] if args.no_relaunch else [RelaunchTracker()],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     torch.manual_seed(0)
@@ -66,6 +70,9 @@ def main() -> None:
     accelerator.init_trackers("accelerate", config={"step_time": args.step_time, "lr": 0.01})
     rank = accelerator.process_index
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if args.no_relaunch:
+        plain(args, accelerator, model, optimizer, loader)
+        return
     stop = Preemption(accelerator, args.out / "ckpt")
     for epoch in stop.epochs(args.epochs):
         for x, y, idx in stop.batches(loader):
@@ -91,6 +98,25 @@ def main() -> None:
     if accelerator.is_main_process:
         state = accelerator.unwrap_model(model).state_dict()
         torch.save({k: v.clone() for k, v in state.items()}, args.out / "params.pt")
+
+
+def plain(args, accelerator, model, optimizer, loader) -> None:
+    """The loop without relaunch, as under torchrun: a checkpoint every
+    --save-every steps, nothing at a stop signal."""
+    step = 0
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        for x, y, idx in loader:
+            with open(args.out / f"trace.{accelerator.process_index}", "a") as f:
+                f.write(f"{epoch} {step} {' '.join(map(str, idx.tolist()))}\n")
+            time.sleep(args.step_time)
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step += 1
+            if args.save_every and step % args.save_every == 0:
+                accelerator.save_state(str(args.out / "ckpt" / f"step_{step:08d}"))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ forward appends ``epoch step sample...`` for each batch it trains to
 ``OUT/trace.RANK`` (a sample's first token is its index); rank 0 writes the
 final parameters to ``OUT/params.pt``. ``--signal-at``, ``--hang-at`` and
 ``--crash-at`` act on rank 1 of the first attempt at that step, as in
-``lightning_train.py``.
+``lightning_train.py``; ``--no-relaunch`` leaves relaunch's callback out,
+``--save-every N`` saves every N steps.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--no-relaunch", action="store_true")
+    parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     flags = parser.parse_args()
     flags.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -114,7 +117,8 @@ def main() -> None:
         per_device_train_batch_size=4,
         num_train_epochs=flags.epochs,
         learning_rate=1e-3,
-        save_strategy="no",
+        save_strategy="steps" if flags.save_every else "no",
+        save_steps=flags.save_every or 500,
         logging_steps=1,
         report_to=[],
         use_cpu=True,
@@ -127,7 +131,9 @@ def main() -> None:
         model=model,
         args=args,
         train_dataset=Sequences(),
-        callbacks=[RelaunchCallback(project="hf"), Where(model)],
+        callbacks=[Where(model)]
+        if flags.no_relaunch
+        else [RelaunchCallback(project="hf"), Where(model)],
     )
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     trainer.train(resume_from_checkpoint=last)

@@ -10,7 +10,9 @@ gives its distributed sampler, and ``fit(ckpt_path="last")``. Every rank
 appends ``epoch step sample...`` for each batch it trains to
 ``OUT/trace.RANK``; rank 0 writes the final parameters to ``OUT/params.pt``.
 ``--crash-at`` makes rank 1 of the first attempt exit 1 at that step;
-``--hang-at`` makes rank 1 sleep forever there; ``--signal-at`` makes rank
+``--hang-at`` makes rank 1 sleep forever there; ``--no-relaunch`` leaves
+relaunch out (Lightning alone, as under torchrun), ``--save-every N`` adds
+a checkpoint every N steps; ``--signal-at`` makes rank
 1 of the first attempt send itself SIGTERM there (one rank signalled, at a
 known step: with ``--step-time 0.15`` the ranks agree to stop 3 steps
 later).
@@ -89,6 +91,7 @@ def main() -> None:
     parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--signal-at", type=int, default=-1)
     parser.add_argument("--no-relaunch", action="store_true")
+    parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -105,7 +108,14 @@ def main() -> None:
         devices=world,
         strategy="ddp" if world > 1 else "auto",
         max_epochs=args.epochs,
-        callbacks=[*relaunch, ModelCheckpoint(dirpath=args.out / "ckpt", save_last=True)],
+        callbacks=[
+            *relaunch,
+            ModelCheckpoint(
+                dirpath=args.out / "ckpt",
+                save_last=True,
+                every_n_train_steps=args.save_every or None,
+            ),
+        ],
         logger=False if args.no_relaunch else RelaunchLogger(project="lightning"),
         default_root_dir=args.out,
         enable_progress_bar=False,
