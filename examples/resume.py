@@ -85,17 +85,11 @@ def main() -> None:
     sampler = relaunch.InterruptibleSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=a.batch_size, sampler=sampler)
     torch.manual_seed(0)
-    # find_unused_parameters=True keeps DDP's gradient buckets in their
-    # construction-time layout for good: by default DDP rebuilds them after
-    # the first step of each process, and gloo's allreduce over more than 2
-    # ranks sums an element in an order that depends on where it sits in its
-    # bucket, so a resumed process's first step would differ in the last bits.
     model = DDP(
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(
             device
         ),
         device_ids=[device.index] if cuda else None,
-        find_unused_parameters=True,
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = relaunch.Checkpointer(a.ckpt_dir, keep_last=2, save_every=a.ckpt_every)
@@ -108,6 +102,12 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         sampler.load_state_dict(state["sampler"])
         step = state["step"] + 1
+        # DDP lays its gradient buckets out anew after a process's first
+        # backward pass; on more than 2 ranks a resumed process's first step
+        # would sum in another order than the uninterrupted run's. Rebuilt
+        # now, by a pass that changes nothing, the resume is bitwise.
+        x0, _ = next(iter(DataLoader(data, batch_size=a.batch_size)))
+        relaunch.ddp.rebuild_buckets(model, x0.to(device))
     print(f"rank {rank}: starting at step {step}, epoch {sampler.epoch}, on {device}", flush=True)
 
     stopped = False

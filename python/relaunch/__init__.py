@@ -50,8 +50,8 @@ def __getattr__(name: str):
 
     # `relaunch.preemption` installs signal handlers, so it loads only when
     # used, not with `import relaunch`.
-    if name == "preemption":
-        return importlib.import_module("relaunch.preemption")
+    if name in ("preemption", "ddp"):
+        return importlib.import_module(f"relaunch.{name}")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'relaunch' has no attribute {name!r}")
