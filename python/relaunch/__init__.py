@@ -9,6 +9,7 @@ from relaunch import _stacks
 from relaunch._native import __version__, heartbeat
 from relaunch.errors import (
     CheckpointError,
+    ProcessStartError,
     QueueEmptyError,
     RelaunchError,
     StoreConnectionError,
@@ -31,6 +32,7 @@ _stacks.install()
 if TYPE_CHECKING:
     from relaunch.checkpoint import Checkpoint, Checkpointer
     from relaunch.files import download, upload_file
+    from relaunch.processes import start_processes
     from relaunch.sampler import InterruptibleSampler
 
 # Loaded on first use, not with `import relaunch`: the sampler needs torch,
@@ -42,6 +44,7 @@ _LAZY = {
     "InterruptibleSampler": "relaunch.sampler",
     "download": "relaunch.files",
     "upload_file": "relaunch.files",
+    "start_processes": "relaunch.processes",
 }
 
 
@@ -62,6 +65,7 @@ __all__ = [
     "CheckpointError",
     "Checkpointer",
     "InterruptibleSampler",
+    "ProcessStartError",
     "QueueEmptyError",
     "RelaunchError",
     "Run",
@@ -79,5 +83,6 @@ __all__ = [
     "download",
     "heartbeat",
     "init",
+    "start_processes",
     "upload_file",
 ]

@@ -109,3 +109,34 @@ def server_list(servers: str) -> list[str]:
     """Each server of a comma-separated list (``RELAUNCH_SERVER``'s syntax),
     normalized as relaunch's client uses them; a bad one raises
     ``TrackingConfigError``."""
+
+class Processes:
+    """The processes of one ``relaunch.start_processes`` call, started and
+    watched by the launcher's own process handling (see ``relaunch.processes``)."""
+
+    def __init__(self) -> None: ...
+    def spawn(
+        self,
+        program: str,
+        args: list[str],
+        env: list[tuple[str, str]],
+        dir: str,
+        prefix: str,
+        console_stdout: bool,
+        console_stderr: bool,
+    ) -> int: ...
+    def prepare_fork(self) -> tuple[int, int]:
+        """Two pipes for the next forked process: the write ends for its stdout and stderr."""
+    def adopt(
+        self, pid: int, dir: str, prefix: str, console_stdout: bool, console_stderr: bool
+    ) -> int: ...
+    def pids(self) -> list[int]: ...
+    def exits(self) -> list[tuple[str, int] | None]:
+        """Each process's exit so far: ``("code", N)``, ``("signal", N)`` or None."""
+    def wait_change(self, timeout: float) -> list[tuple[str, int] | None]: ...
+    def signal(self, signum: int) -> None: ...
+    def stop(self, signum: int, grace: float) -> None: ...
+    def close(self) -> None: ...
+
+def become_worker(parent: int) -> None:
+    """A session of its own and the parent-death signal, for a forked process."""

@@ -61,9 +61,9 @@ def rebuild_buckets(model: Any, *inputs: Any, **kwargs: Any) -> None:
         (total * 0).backward()
     finally:
         with torch.no_grad():
-            for p, g in zip(params, grads):
+            for p, g in zip(params, grads, strict=True):
                 p.grad = g
-            for b, saved in zip(model.buffers(), buffers):
+            for b, saved in zip(model.buffers(), buffers, strict=True):
                 b.copy_(saved)
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:

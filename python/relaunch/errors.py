@@ -52,3 +52,8 @@ class TrackingConfigError(TrackingError, ValueError):
 class CheckpointError(RelaunchError):
     """A checkpoint could not be committed: a rank failed or timed out, a file
     went missing or changed, or the directory is not shared by all ranks."""
+
+
+class ProcessStartError(RelaunchError):
+    """``relaunch.start_processes`` could not start a process: the program is
+    missing or not executable, or its log directory cannot be written."""

@@ -22,6 +22,7 @@ pub mod keys;
 pub mod lines;
 pub mod logs;
 mod orphans;
+pub mod processes;
 pub mod rendezvous;
 pub mod report;
 mod signals;

@@ -59,15 +59,19 @@ impl ExitKind {
 /// Starts `entrypoint` with `env` added to the launcher's environment, its
 /// standard output and error piped to the launcher, and its standard input
 /// shared with the launcher (as torchrun does, for `breakpoint()`).
-pub fn spawn(
+pub fn spawn<K, V>(
     entrypoint: &Entrypoint,
-    env: &[(&'static str, String)],
+    env: &[(K, V)],
     local_rank: usize,
-) -> Result<Child, LaunchError> {
+) -> Result<Child, LaunchError>
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
     let mut command = Command::new(&entrypoint.program);
     command
         .args(&entrypoint.args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .envs(env.iter().map(|(k, v)| (k.as_ref(), v.as_ref())))
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -76,21 +80,33 @@ pub fn spawn(
     // prctl, getppid) and builds errors from raw errno values, which does not
     // allocate.
     unsafe {
-        command.as_std_mut().pre_exec(move || {
-            nix::unistd::setsid().map_err(io::Error::from)?;
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
-            // The launcher may have died before the death signal was armed.
-            if nix::unistd::getppid() != launcher {
-                return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
-            }
-            Ok(())
-        });
+        command
+            .as_std_mut()
+            .pre_exec(move || become_worker(launcher));
     }
     command.spawn().map_err(|source| LaunchError::Spawn {
         local_rank,
         program: entrypoint.program.to_string_lossy().into_owned(),
         source,
     })
+}
+
+/// What makes a process a worker that cannot outlive its launcher: a
+/// session of its own (a signal for its process group reaches its children
+/// too; a Ctrl-C at the terminal reaches only the launcher), and SIGKILL
+/// when the thread that started it ends (`PR_SET_PDEATHSIG`), checked
+/// against `launcher` having died before that was armed. Called in the new
+/// process before it runs anything else: between fork and exec for a
+/// spawned program, and right after `os.fork()` for a Python function
+/// started with the fork method (`relaunch.start_processes`). Only
+/// async-signal-safe calls, no allocation.
+pub fn become_worker(launcher: Pid) -> io::Result<()> {
+    nix::unistd::setsid().map_err(io::Error::from)?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
+    if nix::unistd::getppid() != launcher {
+        return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+    }
+    Ok(())
 }
 
 /// Sends `signal` to the worker's whole process group (it leads a session,

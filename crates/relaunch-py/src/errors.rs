@@ -14,6 +14,7 @@ pyo3::import_exception!(relaunch.errors, TrackingTimeoutError);
 pyo3::import_exception!(relaunch.errors, TrackingConnectionError);
 pyo3::import_exception!(relaunch.errors, TrackingRejectedError);
 pyo3::import_exception!(relaunch.errors, TrackingConfigError);
+pyo3::import_exception!(relaunch.errors, ProcessStartError);
 
 pub(crate) fn store_error(e: relaunch_store::StoreError) -> PyErr {
     let message = e.to_string();
@@ -38,4 +39,8 @@ pub(crate) fn tracking_error(e: relaunch_client::ClientError) -> PyErr {
         }
         K::Corrupt | K::Io => TrackingError::new_err(message),
     }
+}
+
+pub(crate) fn launch_error(e: relaunch_launch::LaunchError) -> PyErr {
+    ProcessStartError::new_err(e.to_string())
 }

@@ -4,6 +4,7 @@
 mod blocking;
 mod errors;
 mod files;
+mod processes;
 mod server_api;
 mod store;
 mod tracking;
@@ -42,6 +43,8 @@ mod _native {
 
     #[pymodule_export]
     use super::files::{hash_bytes, hash_file};
+    #[pymodule_export]
+    use super::processes::{Processes, become_worker};
     #[pymodule_export]
     use super::server_api::ServerApi;
     #[pymodule_export]
