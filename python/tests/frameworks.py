@@ -6,13 +6,17 @@ trained: ``epoch step sample...``)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from conftest import wait_for
+from test_launch_tracking import get
 from test_preemption_loops import descendants
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -113,3 +117,103 @@ def assert_same_training(reference: Path, resumed: Path, ranks: int = 2) -> None
     for rank in range(ranks):
         want, got = trace_lines(reference, rank), trace_lines(resumed, rank)
         assert got == want, (rank, [g for g in got if g not in want][:3], len(got), len(want))
+
+
+def assert_same_params(reference: Path, resumed: Path) -> None:
+    """Rank 0's final parameters (``params.pt``), bit for bit."""
+    want, got = torch.load(reference / "params.pt"), torch.load(resumed / "params.pt")
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+
+# Stops: how the SIGTERM comes, and with how many DataLoader workers. The
+# last has rank 1 signal itself during step 5 (6 steps done after it), so
+# the ranks agree on step 8: the last batch of epoch 0.
+STOPS = [("launcher", 0), ("every-process", 2), ("rank 1, at the end of an epoch", 2)]
+
+
+def reference_run(tmp: Path, worker: Path) -> Path:
+    """The uninterrupted job: its output folder (traces, final parameters)."""
+    code, log = launch(tmp, "reference", "--nproc-per-node", "2", worker, tmp / "out").finish()
+    assert code == 0, log
+    return tmp / "out"
+
+
+def stop_and_resume(
+    reference: Path,
+    tmp_path: Path,
+    worker: Path,
+    how: str,
+    workers: int,
+    check_stop: Callable[[Path, int, str], None],
+) -> None:
+    """Starts ``worker``'s job, stops it the way ``how`` says (exit 75, every
+    rank at one step with its checkpoint), calls ``check_stop(out, step,
+    log)`` on what the stop left, relaunches the job to the end, and checks
+    that it trained exactly the uninterrupted job's batches and ended with
+    its parameters."""
+    out = tmp_path / "out"
+    args = ["--nproc-per-node", "2", worker, out, "--workers", workers]
+    if how.startswith("rank 1"):
+        job = launch(tmp_path, "first", *args, "--step-time", "0.15", "--signal-at", "5")
+    else:
+        job = launch(tmp_path, "first", *args, "--step-time", "0.15")
+        wait_for_steps(job, out, 4)  # mid-epoch 0
+        deliver(how, job)
+    code, log = job.finish()
+    assert code == 75, log
+    match = re.search(
+        r"every rank on this node stopped at step (\d+), each with its checkpoint", log
+    )
+    assert match, log
+    step = int(match.group(1))
+    if how.startswith("rank 1"):
+        assert step == 8, log
+    assert "every rank stopped at the agreed step (preempted, exit code 75)" in log
+    check_stop(out, step, log)
+    code, log = launch(tmp_path, "second", *args).finish()
+    assert code == 0, log
+    assert_same_training(reference, out)
+    assert_same_params(reference, out)
+
+
+def logged_once_across_a_preemption(server: object, tmp_path: Path, worker: Path, run: str) -> None:
+    """A job logging to ``server`` as run ``run``, stopped mid-epoch and
+    relaunched: every step's loss (rank 0) is stored once, by the attempt
+    that trained it."""
+    out = tmp_path / "out"
+    args = ["--nproc-per-node", "2", "--server", server.url, "--run-id", run, worker, out]
+    job = launch(tmp_path, "first", *args, "--step-time", "0.15")
+    wait_for_steps(job, out, 4)
+    deliver("launcher", job)
+    assert job.finish()[0] == 75
+    code, log = launch(tmp_path, "second", *args).finish()
+    assert code == 0, log
+    steps = []
+    for attempt in range(2):
+        series = get(
+            server, f"/runs/{run}/series", key="loss", rank=0, attempt=attempt, buckets=100000
+        )
+        steps.append([p["step"] for p in series["points"]])
+    assert steps[0] and steps[1], steps
+    every = sorted(steps[0] + steps[1])
+    assert every == list(range(every[0], every[0] + 24)), steps  # each of the 24 steps once
+
+
+def hang_and_crash_are_handled(reference: Path, tmp_path: Path, worker: Path, where: str) -> None:
+    """A rank that hangs at step 5 is reported with its stack (``where``: the
+    function and file it is stuck in) and the job restarted; a rank that
+    crashes there is restarted; both jobs end with the uninterrupted
+    parameters."""
+    common = ["--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "10", worker]
+    code, log = launch(tmp_path, "hang", *common, tmp_path / "hang", "--hang-at", "5").finish()
+    assert code == 0, log
+    assert "relaunch: hang in attempt 0" in log, log
+    # faulthandler names the function, py-spy its class too (Module.forward).
+    assert re.search(rf"rank 1: in (?:\w+\.)?{where}:\d+", log), log
+    assert_same_params(reference, tmp_path / "hang")
+    code, log = launch(tmp_path, "crash", *common, tmp_path / "crash", "--crash-at", "5").finish()
+    assert code == 0, log
+    assert re.search(r"rank 1 .*exit code 1", log), log
+    assert_same_params(reference, tmp_path / "crash")

@@ -99,7 +99,7 @@ class RelaunchCallback(Callback):
         self._sampler: InterruptibleSampler | None = None
         self._pending: dict[str, Any] | None = None  # sampler state to resume from
         self._unpatch: Any = None
-        self._stop_at_epoch_end = False
+        self._exit_pending = False
 
     # -- set-up and signals ---------------------------------------------------
 
@@ -155,30 +155,30 @@ class RelaunchCallback(Callback):
     ) -> None:
         from relaunch import preemption
 
-        if self._stop_at_epoch_end or not preemption.reached(trainer.global_step):
+        if self._exit_pending or not preemption.reached(trainer.global_step):
             return
-        if batch_idx + 1 >= trainer.num_training_batches:
-            # The epoch's last batch: Lightning resumes a checkpoint taken
-            # here in the epoch after next (it counts the finished epoch
-            # twice), so this stop's checkpoint is taken where its own
-            # epoch-end checkpoints are, after the epoch's validation.
-            self._stop_at_epoch_end = True
-            return
-        self._stop(trainer)
-
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._stop_at_epoch_end:
-            self._stop(trainer)
-
-    def _stop(self, trainer: pl.Trainer) -> None:
-        from relaunch import preemption
-
         path = self._save_stop_checkpoint(trainer)
         preemption.saved(path, trainer.global_step)
-        # Lightning's own graceful stop: fit() ends through its interrupt
-        # path (on_exception, teardown) with exit code 0; nothing after this
-        # step is trained or saved.
-        raise SIGTERMException()
+        # Out of fit() before the next batch: Lightning logs this step's
+        # metrics after the batch's hooks, so leaving now would lose them.
+        self._exit_pending = True
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._leave_if_stopped()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A stop on an epoch's last batch: the epoch is done (its own
+        # checkpoint, if any, resumes at the next epoch all the same).
+        self._leave_if_stopped()
+
+    def _leave_if_stopped(self) -> None:
+        if self._exit_pending:
+            # Lightning's own graceful stop: fit() ends through its interrupt
+            # path (on_exception, teardown) with exit code 0; nothing after
+            # the stop step is trained.
+            raise SIGTERMException()
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         relaunch.heartbeat()
