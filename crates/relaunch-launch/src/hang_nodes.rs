@@ -5,10 +5,10 @@
 //!
 //! The node that finds the hang sets `workers/hang/ATTEMPT` (COMPARE_SET:
 //! two finders at once agree who was first), takes its stacks, and waits
-//! (at most [`OTHER_STACKS_PATIENCE`]) for `workers/hang_stacks_taken` to
+//! (at most [`OTHER_STACKS_PATIENCE`]) for `workers/hang_stacks_taken/ATTEMPT` to
 //! count the others; every other node sees the key on its next tick (once
 //! a second), takes its own stacks (`Stall::Elsewhere`), publishes its
-//! ranks (`hang::Summary` as JSON in `workers/hang_ranks/NODE`) and adds
+//! ranks (`hang::Summary` as JSON in `workers/hang_ranks/ATTEMPT/NODE`) and adds
 //! 1 to the count. The first then reads the published ranks into its report
 //! (grouping and first rank over every node; `silent_nodes` counts those
 //! that never answered) and stops its workers.
