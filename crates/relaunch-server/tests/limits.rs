@@ -224,16 +224,34 @@ async fn a_stop_lets_an_upload_in_flight_finish() {
         answered.extend_from_slice(&buf[..n]);
     }
     let hash = blake3::hash(&chunk).to_hex();
+    // `Expect: 100-continue`: the server says "100 Continue" once the
+    // handler reads the body, so the stop below comes while the upload is
+    // in flight, not (on a loaded machine) before the server has read the
+    // request's head, when the connection is still idle and a stop closes
+    // it (CI saw the rest of the body meet a broken pipe).
     stream
         .write_all(
             format!(
-                "PUT /api/v1/chunks/{hash} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                "PUT /api/v1/chunks/{hash} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\
+                 Expect: 100-continue\r\n\r\n",
                 chunk.len()
             )
             .as_bytes(),
         )
         .await
         .unwrap();
+    let mut continued = Vec::new();
+    while !continued.ends_with(b"\r\n\r\n") {
+        let mut buf = [0u8; 256];
+        let n = timeout(HUNG, stream.read(&mut buf)).await.unwrap().unwrap();
+        assert!(n > 0, "closed before continuing the upload");
+        continued.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        continued.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&continued)
+    );
     stream.write_all(&chunk[..1000]).await.unwrap();
     let Server {
         addr, stop, task, ..
