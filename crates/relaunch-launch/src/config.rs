@@ -370,6 +370,23 @@ pub struct LaunchConfig {
     pub duplicate_filters: DuplicateFilters,
     /// torchrun's `--virtual-local-rank`: `LOCAL_RANK=0` and one GPU each.
     pub virtual_local_rank: bool,
+    /// When a worker's console stream is a pseudo-terminal (`--worker-tty`).
+    pub worker_tty: WorkerTty,
+}
+
+/// Whether workers write to pseudo-terminals ([`crate::pty`]) or pipes.
+/// Only streams the console shows get one: a stream redirected to its log
+/// file, or of a rank `--local-ranks-filter` hides, is a pipe, as under
+/// torchrun, where such a stream is a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkerTty {
+    /// A worker's stream is a terminal when the launcher's is.
+    #[default]
+    Auto,
+    /// Always a terminal (colours and live bars into a pipe or a file).
+    Always,
+    /// Always a pipe.
+    Never,
 }
 
 /// Console lines that contain any of these strings are also written to
@@ -518,6 +535,7 @@ mod tests {
             tracking: None,
             duplicate_filters: DuplicateFilters::default(),
             virtual_local_rank: false,
+            worker_tty: WorkerTty::Auto,
         }
     }
 

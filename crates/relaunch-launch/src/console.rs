@@ -4,12 +4,15 @@
 //! One thread owns stdout and stderr, so lines from different workers never
 //! tear or interleave mid-line, and a slow terminal never stalls the
 //! launcher. Worker stdout goes to stdout and worker stderr to stderr. When
-//! stderr is a terminal, a worker's progress frames (see [`crate::lines`])
-//! redraw one line per worker and stream below the output; when it is not
-//! (a file, a pipe, CI), frames are dropped and only finished lines appear.
+//! stderr is a terminal, what workers may still redraw (a pipe's `\r`
+//! frames, see [`crate::lines`]; the live lines of a worker that has a
+//! terminal, see [`crate::vterm`]) is drawn below the output, each
+//! worker's lines in rank order, redrawn in place; when it is not (a file,
+//! a pipe, CI), only finished lines appear.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -18,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::lines::Piece;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stream {
     Stdout,
     Stderr,
@@ -29,12 +32,16 @@ pub enum Stream {
 pub struct ConsoleLine {
     /// `[default0]:`, from `--log-line-prefix-template`.
     pub prefix: Arc<str>,
+    /// Orders the live lines: the worker's global rank.
+    pub rank: usize,
     pub stream: Stream,
     pub piece: Piece,
 }
 
 enum Message {
-    Worker(ConsoleLine),
+    /// What one read of a worker's stream made, applied at once: a
+    /// finished line and the live lines it leaves never show apart.
+    Worker(Vec<ConsoleLine>),
     /// A line of the launcher's own, on stderr.
     Notice(String),
     /// Everything before this is written; stop.
@@ -46,9 +53,11 @@ enum Message {
 pub struct ConsoleSender(mpsc::UnboundedSender<Message>);
 
 impl ConsoleSender {
-    pub fn send(&self, line: ConsoleLine) {
-        // Fails only once the console has stopped, at the very end.
-        let _ = self.0.send(Message::Worker(line));
+    pub fn send(&self, lines: Vec<ConsoleLine>) {
+        if !lines.is_empty() {
+            // Fails only once the console has stopped, at the very end.
+            let _ = self.0.send(Message::Worker(lines));
+        }
     }
 
     /// Prints a line of the launcher's own on stderr, in order with the
@@ -94,11 +103,14 @@ impl Console {
     }
 }
 
+/// The live lines of one worker's stream.
+type Key = (usize, Stream);
+
 fn run(mut rx: mpsc::UnboundedReceiver<Message>, interactive: bool) {
     let live = interactive.then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
     let style = ProgressStyle::with_template("{wide_msg}")
         .unwrap_or_else(|_| ProgressStyle::default_spinner());
-    let mut bars: HashMap<(Arc<str>, Stream), ProgressBar> = HashMap::new();
+    let mut bars: BTreeMap<Key, Vec<ProgressBar>> = BTreeMap::new();
     let mut out = Vec::new();
     let mut err = Vec::new();
     let mut open = true;
@@ -115,32 +127,11 @@ fn run(mut rx: mpsc::UnboundedReceiver<Message>, interactive: bool) {
                     err.extend_from_slice(text.as_bytes());
                     err.push(b'\n');
                 }
-                Message::Worker(ConsoleLine {
-                    prefix,
-                    stream,
-                    piece,
-                }) => match piece {
-                    Piece::Line(line) => {
-                        if let Some(bar) = bars.remove(&(prefix.clone(), stream)) {
-                            bar.finish_and_clear();
-                        }
-                        let buf = match stream {
-                            Stream::Stdout => &mut out,
-                            Stream::Stderr => &mut err,
-                        };
-                        buf.extend_from_slice(prefix.as_bytes());
-                        buf.extend_from_slice(&line);
-                        buf.push(b'\n');
+                Message::Worker(pieces) => {
+                    for line in pieces {
+                        show(line, live.as_ref(), &style, &mut bars, &mut out, &mut err);
                     }
-                    Piece::Progress(frame) => {
-                        if let Some(live) = &live {
-                            let bar = bars.entry((prefix.clone(), stream)).or_insert_with(|| {
-                                live.add(ProgressBar::new_spinner().with_style(style.clone()))
-                            });
-                            bar.set_message(format!("{prefix}{}", String::from_utf8_lossy(&frame)));
-                        }
-                    }
-                },
+                }
             }
         }
         let write = || {
@@ -161,7 +152,87 @@ fn run(mut rx: mpsc::UnboundedReceiver<Message>, interactive: bool) {
         out.clear();
         err.clear();
     }
-    for bar in bars.into_values() {
+    for bar in bars.into_values().flatten() {
         bar.finish_and_clear();
+    }
+}
+
+/// Puts a finished line of `line` into `out` or `err`, or makes its live
+/// lines the ones drawn.
+fn show(
+    line: ConsoleLine,
+    live: Option<&MultiProgress>,
+    style: &ProgressStyle,
+    bars: &mut BTreeMap<Key, Vec<ProgressBar>>,
+    out: &mut Vec<u8>,
+    err: &mut Vec<u8>,
+) {
+    let ConsoleLine {
+        prefix,
+        rank,
+        stream,
+        piece,
+    } = line;
+    let key = (rank, stream);
+    let mut draw = |lines: &[Vec<u8>]| {
+        if let Some(live) = live {
+            show_live(live, style, bars, key, &prefix, lines);
+        }
+    };
+    let finished = match piece {
+        Piece::Line(line) => {
+            // The frame on this line became the line.
+            draw(&[]);
+            line
+        }
+        Piece::Drawn { drawn, .. } => drawn,
+        Piece::Progress(frame) => return draw(&[frame]),
+        Piece::Live(lines) => return draw(&lines),
+    };
+    let buf = match stream {
+        Stream::Stdout => out,
+        Stream::Stderr => err,
+    };
+    buf.extend_from_slice(prefix.as_bytes());
+    buf.extend_from_slice(&finished);
+    buf.push(b'\n');
+}
+
+/// Makes `key`'s live lines `lines`, each prefixed, below those of the
+/// streams before it and above those after it.
+fn show_live(
+    live: &MultiProgress,
+    style: &ProgressStyle,
+    bars: &mut BTreeMap<Key, Vec<ProgressBar>>,
+    key: Key,
+    prefix: &str,
+    lines: &[Vec<u8>],
+) {
+    let mut mine = bars.remove(&key).unwrap_or_default();
+    while mine.len() > lines.len() {
+        if let Some(bar) = mine.pop() {
+            bar.finish_and_clear();
+            live.remove(&bar);
+        }
+    }
+    while mine.len() < lines.len() {
+        let bar = ProgressBar::new_spinner().with_style(style.clone());
+        let after = bars
+            .range((Bound::Excluded(key), Bound::Unbounded))
+            .find_map(|(_, b)| b.first());
+        let before = bars.range(..key).rev().find_map(|(_, b)| b.last());
+        let bar = match (mine.last(), after, before) {
+            (Some(last), _, _) => live.insert_after(last, bar),
+            (None, Some(next), _) => live.insert_before(next, bar),
+            (None, None, Some(previous)) => live.insert_after(previous, bar),
+            (None, None, None) => live.add(bar),
+        };
+        mine.push(bar);
+    }
+    for (bar, line) in mine.iter().zip(lines) {
+        bar.set_message(format!("{prefix}{}", String::from_utf8_lossy(line)));
+    }
+    if !mine.is_empty() {
+        bars.insert(key, mine);
     }
 }

@@ -2,6 +2,7 @@
 //! stop them all with a grace period.
 
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -11,16 +12,18 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::{DuplicateFilters, LaunchConfig};
+use crate::config::{DuplicateFilters, LaunchConfig, WorkerTty};
 use crate::console::{ConsoleSender, Stream};
 use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, worker_env};
 use crate::error::LaunchError;
 use crate::hang::RankBeat;
-use crate::logs::{Duplicate, LogLayout, StreamSink, Tail, pump};
+use crate::logs::{Decoder, Duplicate, LogLayout, StreamSink, Tail, pump};
+use crate::pty::{self, Pty};
 use crate::report::{ErrorFile, Failure};
 use crate::tracking::LineTap;
 use crate::worker::{self, ExitKind};
 use relaunch_client::beat::Beats;
+use unicode_width::UnicodeWidthStr as _;
 
 /// A worker's end, as the group reports it.
 #[derive(Clone, Copy, Debug)]
@@ -170,18 +173,6 @@ impl WorkerGroup {
                 tracing::warn!(file = %beat_file.display(), error = %e, "cannot create a beat record; this rank is not watched for hangs");
             })
             .ok();
-        let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank)?;
-        let pid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw)
-            .ok_or_else(|| {
-                LaunchError::io(
-                    "a worker exited before it could be watched",
-                    std::io::ErrorKind::Other.into(),
-                )
-            })?;
-
         let prefix: Arc<str> = render_prefix(
             &config.log_line_prefix_template,
             &attempt.role,
@@ -194,33 +185,61 @@ impl WorkerGroup {
             .as_ref()
             .is_none_or(|f| f.contains(&place.local_rank));
         let redirected = config.redirects.for_rank(place.local_rank);
+        let to_console = [shown && !redirected.stdout, shown && !redirected.stderr];
+        let mut readers = [None, None];
+        let mut output = [Stdio::piped(), Stdio::piped()];
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let index = stream as usize;
+            if wants_terminal(config.worker_tty, stream, to_console[index])
+                && let Some(Pty { reader, worker }) = open_terminal(&prefix)
+            {
+                readers[index] = Some(reader);
+                output[index] = Stdio::from(worker);
+            }
+        }
+        let [stdout, stderr] = output;
+        let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank, stdout, stderr)?;
+        let pid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or_else(|| {
+                LaunchError::io(
+                    "a worker exited before it could be watched",
+                    std::io::ErrorKind::Other.into(),
+                )
+            })?;
+
         let tail = Tail::default();
         let (stdout_log, stderr_log) = (dir.join("stdout.log"), dir.join("stderr.log"));
-        for (stream, file, to_console) in [
-            (Stream::Stdout, &stdout_log, shown && !redirected.stdout),
-            (Stream::Stderr, &stderr_log, shown && !redirected.stderr),
-        ] {
+        for (stream, file) in [(Stream::Stdout, &stdout_log), (Stream::Stderr, &stderr_log)] {
+            let index = stream as usize;
             let duplicate = match stream {
                 Stream::Stdout => &duplicates.stdout,
                 Stream::Stderr => &duplicates.stderr,
             };
             let sink = StreamSink {
                 file: file.clone(),
+                rank: place.global_rank,
                 stream,
-                console: to_console.then(|| (console.clone(), prefix.clone())),
+                console: to_console[index].then(|| (console.clone(), prefix.clone())),
                 tail: tail.clone(),
                 tap: tap.clone(),
-                duplicate: duplicate.clone().filter(|_| to_console),
+                duplicate: duplicate.clone().filter(|_| to_console[index]),
             };
+            if let Some(reader) = readers[index].take() {
+                self.tasks.spawn(pump(reader, sink, Decoder::terminal()));
+                continue;
+            }
             match stream {
                 Stream::Stdout => {
                     if let Some(out) = child.stdout.take() {
-                        self.tasks.spawn(pump(out, sink));
+                        self.tasks.spawn(pump(out, sink, Decoder::pipe()));
                     }
                 }
                 Stream::Stderr => {
                     if let Some(err) = child.stderr.take() {
-                        self.tasks.spawn(pump(err, sink));
+                        self.tasks.spawn(pump(err, sink, Decoder::pipe()));
                     }
                 }
             }
@@ -430,6 +449,28 @@ impl Drop for WorkerGroup {
             worker::signal_group(m.pid, Signal::SIGKILL);
         }
     }
+}
+
+/// Whether a worker's `stream`, shown on the console or not, gets a
+/// pseudo-terminal.
+fn wants_terminal(choice: WorkerTty, stream: Stream, to_console: bool) -> bool {
+    to_console
+        && match choice {
+            WorkerTty::Always => true,
+            WorkerTty::Never => false,
+            WorkerTty::Auto => pty::launcher_has_terminal(stream == Stream::Stdout),
+        }
+}
+
+/// A pseudo-terminal as wide as the launcher's terminal less `prefix`;
+/// `None` (the stream is a pipe, and a warning says so) where none opens.
+fn open_terminal(prefix: &str) -> Option<Pty> {
+    let size = pty::Size::of_launcher().less(prefix.width());
+    pty::open(size)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "cannot open a pseudo-terminal for a worker; its output goes through a pipe");
+        })
+        .ok()
 }
 
 /// torchrun's prefix template: `${role_name}`, `${rank}`, `${local_rank}`,

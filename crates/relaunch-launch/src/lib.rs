@@ -23,6 +23,7 @@ pub mod lines;
 pub mod logs;
 mod orphans;
 pub mod processes;
+pub mod pty;
 pub mod rendezvous;
 pub mod report;
 mod signals;
@@ -30,6 +31,7 @@ pub mod stacks;
 pub mod straggler;
 pub mod torch;
 pub mod tracking;
+pub mod vterm;
 pub mod worker;
 
 use std::path::PathBuf;

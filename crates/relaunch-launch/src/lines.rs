@@ -18,6 +18,23 @@ pub enum Piece {
     Line(Vec<u8>),
     /// A progress frame that the next `\r` will overwrite.
     Progress(Vec<u8>),
+    /// A finished line of a worker that writes to a terminal
+    /// ([`crate::vterm`]): its text, and as drawn (with its colours).
+    Drawn { text: Vec<u8>, drawn: Vec<u8> },
+    /// The lines such a worker may still redraw, as drawn, in place of the
+    /// last ones reported (none: nothing live).
+    Live(Vec<Vec<u8>>),
+}
+
+impl Piece {
+    /// The text of a finished line, as log files keep it.
+    pub fn finished_text(&self) -> Option<&[u8]> {
+        match self {
+            Self::Line(line) => Some(line),
+            Self::Drawn { text, .. } => Some(text),
+            Self::Progress(_) | Self::Live(_) => None,
+        }
+    }
 }
 
 /// Incremental splitter: feed bytes as they arrive, in any chunks.

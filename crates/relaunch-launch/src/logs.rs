@@ -22,6 +22,8 @@ use std::io::{BufWriter, Write as _};
 use crate::console::{ConsoleLine, ConsoleSender, Stream};
 use crate::error::LaunchError;
 use crate::lines::{LineSplitter, Piece};
+use crate::vterm::Screen;
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Lines of a worker's stderr kept for the failure report.
@@ -170,6 +172,8 @@ impl Duplicate {
 #[derive(Debug)]
 pub struct StreamSink {
     pub file: PathBuf,
+    /// The worker's global rank: the console shows live lines in its order.
+    pub rank: usize,
     pub stream: Stream,
     /// `None` when the stream is redirected to its file only.
     pub console: Option<(ConsoleSender, Arc<str>)>,
@@ -180,12 +184,58 @@ pub struct StreamSink {
     pub duplicate: Option<Arc<Duplicate>>,
 }
 
+/// How a stream's bytes become [`Piece`]s: a pipe's lines and `\r`
+/// frames, or what a program draws on a terminal.
+#[derive(Debug)]
+pub enum Decoder {
+    Pipe(LineSplitter),
+    Terminal(Box<Screen>),
+}
+
+impl Decoder {
+    pub fn pipe() -> Self {
+        Self::Pipe(LineSplitter::new())
+    }
+
+    pub fn terminal() -> Self {
+        Self::Terminal(Box::default())
+    }
+
+    fn push(&mut self, data: &[u8], out: &mut Vec<Piece>) {
+        match self {
+            Self::Pipe(splitter) => splitter.push(data, out),
+            Self::Terminal(screen) => screen.push(data, Instant::now(), out),
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<Piece>) {
+        match self {
+            Self::Pipe(splitter) => splitter.finish(out),
+            Self::Terminal(screen) => screen.finish(out),
+        }
+    }
+
+    /// When lines waiting to be finished are due, if any are.
+    fn deadline(&self) -> Option<Instant> {
+        match self {
+            Self::Pipe(_) => None,
+            Self::Terminal(screen) => screen.deadline(),
+        }
+    }
+
+    fn tick(&mut self, out: &mut Vec<Piece>) {
+        if let Self::Terminal(screen) = self {
+            screen.tick(Instant::now(), out);
+        }
+    }
+}
+
 /// Reads `source` until it closes, writing whole lines to the sink's file,
-/// lines and progress frames to the console, and the last lines to the tail.
+/// lines and live frames to the console, and the last lines to the tail.
 ///
 /// The file is written synchronously: a line into the page cache costs
 /// microseconds, less than handing it to another thread.
-pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
+pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink, mut decoder: Decoder) {
     let file = match std::fs::File::create(&sink.file) {
         Ok(file) => Some(BufWriter::new(file)),
         Err(e) => {
@@ -194,20 +244,31 @@ pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
         }
     };
     let mut file = file;
-    let mut splitter = LineSplitter::new();
     let mut pieces = Vec::new();
     let mut buf = vec![0u8; 16 * 1024];
     let mut tap_warned = false;
     loop {
-        let n = match source.read(&mut buf).await {
-            Ok(0) | Err(_) => 0,
-            Ok(n) => n,
+        let read = source.read(&mut buf);
+        let read = match decoder.deadline() {
+            Some(due) => tokio::time::timeout_at(due.into(), read).await.ok(),
+            None => Some(read.await),
         };
-        if n == 0 {
-            splitter.finish(&mut pieces);
-        } else {
-            splitter.push(&buf[..n], &mut pieces);
-        }
+        // A pseudo-terminal's reader gets EIO once the worker and its
+        // children have all closed it: the end, as a pipe's 0.
+        let n = match read {
+            None => {
+                decoder.tick(&mut pieces);
+                None
+            }
+            Some(Ok(0) | Err(_)) => {
+                decoder.finish(&mut pieces);
+                Some(0)
+            }
+            Some(Ok(n)) => {
+                decoder.push(&buf[..n], &mut pieces);
+                Some(n)
+            }
+        };
         deliver(&sink, &mut file, &mut tap_warned, pieces.drain(..));
         if let Some(f) = file.as_mut()
             && let Err(e) = f.flush()
@@ -215,7 +276,7 @@ pub async fn pump(mut source: impl AsyncRead + Unpin, sink: StreamSink) {
             tracing::warn!(file = %sink.file.display(), error = %e, "cannot write a worker log file");
             file = None;
         }
-        if n == 0 {
+        if n == Some(0) {
             return;
         }
     }
@@ -227,8 +288,9 @@ fn deliver(
     tap_warned: &mut bool,
     pieces: impl Iterator<Item = Piece>,
 ) {
+    let mut shown = Vec::new();
     for piece in pieces {
-        if let Piece::Line(line) = &piece {
+        if let Some(line) = piece.finished_text() {
             if let Some(tap) = &sink.tap {
                 tap.line(sink.stream, line, tap_warned);
             }
@@ -245,16 +307,20 @@ fn deliver(
                 tail.push_back(String::from_utf8_lossy(line).into_owned());
             }
         }
-        if let Some((console, prefix)) = &sink.console {
-            if let (Some(duplicate), Piece::Line(line)) = (&sink.duplicate, &piece) {
+        if let Some((_, prefix)) = &sink.console {
+            if let (Some(duplicate), Some(line)) = (&sink.duplicate, piece.finished_text()) {
                 duplicate.offer(prefix, line);
             }
-            console.send(ConsoleLine {
+            shown.push(ConsoleLine {
                 prefix: prefix.clone(),
+                rank: sink.rank,
                 stream: sink.stream,
                 piece,
             });
         }
+    }
+    if let Some((console, _)) = &sink.console {
+        console.send(shown);
     }
 }
 

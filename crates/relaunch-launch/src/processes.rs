@@ -17,6 +17,7 @@
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,7 +31,7 @@ use tokio::task::JoinSet;
 use crate::config::Entrypoint;
 use crate::console::{Console, ConsoleSender, Stream};
 use crate::error::LaunchError;
-use crate::logs::{StreamSink, Tail, pump};
+use crate::logs::{Decoder, StreamSink, Tail, pump};
 use crate::worker::{self, ExitKind};
 
 /// How long, once a process has exited, its output is still read.
@@ -337,9 +338,11 @@ fn register(state: &(Mutex<State>, Condvar), pid: i32) -> usize {
     guard.pids.len() - 1
 }
 
+/// `order`: the process's index, which orders its live lines on the console.
 fn sinks(
     spec: &ProcessSpec,
     console: &ConsoleSender,
+    order: usize,
 ) -> Result<(StreamSink, StreamSink), LaunchError> {
     std::fs::create_dir_all(&spec.dir).map_err(|source| LaunchError::LogDir {
         path: spec.dir.clone(),
@@ -348,6 +351,7 @@ fn sinks(
     let prefix: Arc<str> = spec.prefix.as_str().into();
     let sink = |stream, name: &str, shown: bool| StreamSink {
         file: spec.dir.join(name),
+        rank: order,
         stream,
         console: shown.then(|| (console.clone(), prefix.clone())),
         tail: Tail::default(),
@@ -367,7 +371,7 @@ fn start(
     tasks: &mut JoinSet<()>,
     exit_tx: &mpsc::UnboundedSender<(usize, ExitKind)>,
 ) -> Result<usize, LaunchError> {
-    let (out_sink, err_sink) = sinks(spec, console)?;
+    let (out_sink, err_sink) = sinks(spec, console, state.0.lock().map_or(0, |g| g.pids.len()))?;
     let entrypoint = Entrypoint {
         program: spec.program.clone(),
         args: spec.args.clone(),
@@ -377,6 +381,8 @@ fn start(
         &entrypoint,
         &spec.env,
         state.0.lock().map_or(0, |g| g.pids.len()),
+        Stdio::piped(),
+        Stdio::piped(),
     )?;
     let pid = child
         .id()
@@ -384,10 +390,10 @@ fn start(
         .ok_or_else(closed_early)?;
     let index = register(state, pid);
     if let Some(out) = child.stdout.take() {
-        tasks.spawn(pump(out, out_sink));
+        tasks.spawn(pump(out, out_sink, Decoder::pipe()));
     }
     if let Some(err) = child.stderr.take() {
-        tasks.spawn(pump(err, err_sink));
+        tasks.spawn(pump(err, err_sink, Decoder::pipe()));
     }
     let exit_tx = exit_tx.clone();
     tasks.spawn(async move {
@@ -411,15 +417,15 @@ fn adopt(
     tasks: &mut JoinSet<()>,
     exit_tx: &mpsc::UnboundedSender<(usize, ExitKind)>,
 ) -> Result<usize, LaunchError> {
-    let (out_sink, err_sink) = sinks(spec, console)?;
+    let (out_sink, err_sink) = sinks(spec, console, state.0.lock().map_or(0, |g| g.pids.len()))?;
     let pipe = |fd: OwnedFd| {
         tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| LaunchError::io("cannot read a forked process's output", e))
     };
     let (out, err) = (pipe(forked.stdout)?, pipe(forked.stderr)?);
     let index = register(state, forked.pid);
-    tasks.spawn(pump(out, out_sink));
-    tasks.spawn(pump(err, err_sink));
+    tasks.spawn(pump(out, out_sink, Decoder::pipe()));
+    tasks.spawn(pump(err, err_sink, Decoder::pipe()));
     let exit_tx = exit_tx.clone();
     let pid = Pid::from_raw(forked.pid);
     tasks.spawn(async move {

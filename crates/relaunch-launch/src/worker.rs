@@ -57,12 +57,15 @@ impl ExitKind {
 }
 
 /// Starts `entrypoint` with `env` added to the launcher's environment, its
-/// standard output and error piped to the launcher, and its standard input
-/// shared with the launcher (as torchrun does, for `breakpoint()`).
+/// standard output and error sent to `stdout` and `stderr` (pipes to the
+/// launcher, or pseudo-terminals), and its standard input shared with the
+/// launcher (as torchrun does, for `breakpoint()`).
 pub fn spawn<K, V>(
     entrypoint: &Entrypoint,
     env: &[(K, V)],
     local_rank: usize,
+    stdout: Stdio,
+    stderr: Stdio,
 ) -> Result<Child, LaunchError>
 where
     K: AsRef<std::ffi::OsStr>,
@@ -73,8 +76,8 @@ where
         .args(&entrypoint.args)
         .envs(env.iter().map(|(k, v)| (k.as_ref(), v.as_ref())))
         .stdin(Stdio::inherit())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(stdout)
+        .stderr(stderr);
     let launcher = nix::unistd::getpid();
     // SAFETY: the closure only makes async-signal-safe system calls (setsid,
     // prctl, getppid) and builds errors from raw errno values, which does not

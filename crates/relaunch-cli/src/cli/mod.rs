@@ -20,8 +20,8 @@ pub(crate) use reads::{ListFormat, MetricsFormat, ShowFormat};
 pub use reads::{
     LogsArgs, MetricsArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServerConnection, SyncArgs,
 };
-pub(crate) use run::RdzvBackend;
 pub use run::RunArgs;
+pub(crate) use run::{RdzvBackend, WorkerTtyChoice};
 pub(crate) use server::{DurabilityArg, MigrateArgs};
 pub use server::{ServerArgs, ServerCommand};
 pub use store::{ServeArgs, StoreCommand};

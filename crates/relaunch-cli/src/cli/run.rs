@@ -21,6 +21,14 @@ pub enum RdzvBackend {
     EtcdV2,
 }
 
+/// `--worker-tty`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkerTtyChoice {
+    Auto,
+    Always,
+    Never,
+}
+
 /// Options of `relaunch run`: torchrun's, under the same names (both
 /// `--nproc-per-node` and `--nproc_per_node`, and `PET_*` variables).
 #[derive(Clone, Debug, Args)]
@@ -238,6 +246,18 @@ pub struct RunArgs {
         value_name = "FILTERS"
     )]
     pub duplicate_stderr_filters: Option<String>,
+
+    /// Give workers a pseudo-terminal for each stream the console shows, so Rich and tqdm draw
+    /// live bars in colour, redrawn in place below the output: auto (when the launcher's stream
+    /// is a terminal), always, never (pipes, as log files see them).
+    #[arg(
+        long = "worker-tty",
+        env = "RELAUNCH_WORKER_TTY",
+        value_enum,
+        default_value = "auto",
+        value_name = "WHEN"
+    )]
+    pub worker_tty: WorkerTtyChoice,
 
     /// Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES), as torchrun's
     /// --virtual-local-rank.

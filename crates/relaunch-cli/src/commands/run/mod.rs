@@ -9,13 +9,13 @@ use relaunch_client::http::{TOKEN_ENV, normalize_server};
 use relaunch_client::local::DEFAULT_DIR;
 use relaunch_launch::config::{
     DEFAULT_PREFIX_TEMPLATE, DEFAULT_SIGNALS, DuplicateFilters, Entrypoint, LaunchConfig, NProc,
-    NodeRange, RendezvousConfig, parse_signals,
+    NodeRange, RendezvousConfig, WorkerTty, parse_signals,
 };
 use relaunch_launch::tracking::{DEFAULT_EXIT_TIMEOUT, EXIT_TIMEOUT_ENV};
 use relaunch_launch::{LaunchError, Outcome, TrackingConfig};
 
 use crate::Context;
-use crate::cli::{RdzvBackend, RunArgs};
+use crate::cli::{RdzvBackend, RunArgs, WorkerTtyChoice};
 use scheduler::{Requeue, Source, Sourced};
 
 mod hostlist;
@@ -486,6 +486,11 @@ fn resolve(
                 .unwrap_or_default(),
         },
         virtual_local_rank: args.virtual_local_rank,
+        worker_tty: match args.worker_tty {
+            WorkerTtyChoice::Auto => WorkerTty::Auto,
+            WorkerTtyChoice::Always => WorkerTty::Always,
+            WorkerTtyChoice::Never => WorkerTty::Never,
+        },
     };
     config.validate().map_err(|e| e.to_string())?;
     if args.virtual_local_rank
