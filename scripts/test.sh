@@ -93,13 +93,14 @@ rm -rf "$DOCS_SITE"
 say "the dashboard in a real browser"
 scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
 # Once more on two replicas on PostgreSQL + S3: the tracking, files,
-# launcher-tracking and resume tests, and the dashboard's (clients write
+# launcher-tracking, resume and read-API tests, and the dashboard's (clients write
 # through one replica, reads go through the other).
 if [ $# -eq 0 ]; then
     if [ -n "${RELAUNCH_TEST_POSTGRES:-}" ] && [ -n "${RELAUNCH_TEST_S3:-}" ]; then
         say "pytest, the tracking tests on two replicas (PostgreSQL + S3)"
         RELAUNCH_TEST_SERVERS=replicas "$PY" -m pytest python/tests/test_tracking.py \
-            python/tests/test_files.py python/tests/test_launch_tracking.py python/tests/test_resume.py
+            python/tests/test_files.py python/tests/test_launch_tracking.py python/tests/test_resume.py \
+            python/tests/test_api.py
         say "the dashboard in a real browser, on two replicas (PostgreSQL + S3)"
         RELAUNCH_TEST_SERVERS=replicas scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
     elif [ -n "${CI:-}" ]; then

@@ -30,6 +30,7 @@ from relaunch.tracking import Run, init
 _stacks.install()
 
 if TYPE_CHECKING:
+    from relaunch.api import Api
     from relaunch.checkpoint import Checkpoint, Checkpointer
     from relaunch.files import download, upload_file
     from relaunch.processes import start_processes
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 # which `import relaunch` must not load, and a launcher or a training loop
 # that never checkpoints or uploads should not pay for importing those.
 _LAZY = {
+    "Api": "relaunch.api",
     "Checkpoint": "relaunch.checkpoint",
     "Checkpointer": "relaunch.checkpoint",
     "InterruptibleSampler": "relaunch.sampler",
@@ -61,6 +63,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Api",
     "Checkpoint",
     "CheckpointError",
     "Checkpointer",

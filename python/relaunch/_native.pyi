@@ -104,6 +104,20 @@ class ServerApi:
     def run(self, run: str, timeout: float) -> tuple[int, str]: ...
     def files(self, run: str, timeout: float) -> tuple[int, str]: ...
     def set_config(self, run: str, config: str, timeout: float) -> tuple[int, str]: ...
+    def get(self, path: str, query: list[tuple[str, str]], timeout: float) -> tuple[int, str]:
+        """``GET /api/v1{path}?{query}``: JSON of any shape on a success."""
+    def history(
+        self,
+        run: str,
+        keys: list[str],
+        rank: int | None,
+        attempt: int | None,
+        min_step: int | None,
+        max_step: int | None,
+        timeout: float,
+    ) -> tuple[int, bytes]:
+        """``GET /runs/{run}/history``: ``(200, the column body)`` or a status
+        and the server's message, UTF-8."""
 
 def server_list(servers: str) -> list[str]:
     """Each server of a comma-separated list (``RELAUNCH_SERVER``'s syntax),

@@ -1,11 +1,13 @@
 //! The tracking server's HTTP API as data: JSON request and response types
-//! ([`types`]) and the binary batch format for bulk metrics, console lines
-//! and events ([`batch`]), the file protocol and its chunker ([`files`],
+//! ([`types`]), the binary batch format for bulk metrics, console lines
+//! and events ([`batch`]) and the column format of bulk reads
+//! ([`columns`]), the file protocol and its chunker ([`files`],
 //! its zip entry cuts in [`zip_cuts`]).
 //! The server and the client both depend on this crate and never on each
 //! other.
 
 pub mod batch;
+pub mod columns;
 pub mod files;
 pub mod float;
 pub mod names;

@@ -169,6 +169,68 @@ fn default_buckets() -> u32 {
     1000
 }
 
+/// `GET /api/v1/runs/{id}/history`: every point of some keys, unsampled, in
+/// the column format ([`crate::columns`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistoryQuery {
+    /// The keys to read; every key of the run when empty.
+    pub keys: Vec<String>,
+    /// One rank's points; every rank's when absent.
+    pub rank: Option<u32>,
+    /// Inclusive step bounds.
+    pub min_step: Option<i64>,
+    pub max_step: Option<i64>,
+    /// Only this attempt's points; by default each step's value from the
+    /// newest attempt that logged it (a resumed run's history).
+    pub attempt: Option<u32>,
+}
+
+impl HistoryQuery {
+    /// The query string's pairs (`key` repeated).
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut q: Vec<(&'static str, String)> =
+            self.keys.iter().map(|k| ("key", k.clone())).collect();
+        if let Some(r) = self.rank {
+            q.push(("rank", r.to_string()));
+        }
+        if let Some(s) = self.min_step {
+            q.push(("min_step", s.to_string()));
+        }
+        if let Some(s) = self.max_step {
+            q.push(("max_step", s.to_string()));
+        }
+        if let Some(a) = self.attempt {
+            q.push(("attempt", a.to_string()));
+        }
+        q
+    }
+
+    /// Reads a query string; the error says which parameter is wrong.
+    pub fn parse(query: &str) -> Result<Self, String> {
+        fn number<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, String> {
+            value
+                .parse()
+                .map_err(|_| format!("{name} {value:?} is not a whole number in range"))
+        }
+        let mut q = Self::default();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match k.as_ref() {
+                "key" => q.keys.push(v.into_owned()),
+                "rank" => q.rank = Some(number("rank", &v)?),
+                "min_step" => q.min_step = Some(number("min_step", &v)?),
+                "max_step" => q.max_step = Some(number("max_step", &v)?),
+                "attempt" => q.attempt = Some(number("attempt", &v)?),
+                other => {
+                    return Err(format!(
+                        "unknown parameter {other:?}; use key (repeated), rank, min_step, max_step, attempt"
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
 /// One point of a series, or one bucket of a downsampled one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeriesPoint {

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use relaunch_api::files::check_file_name;
 use relaunch_api::{
-    API_PREFIX, Ack, ApiError, ChunkQuery, Event, FileInfo, FileManifest, Health, Latest, LogLine,
-    MissingChunks, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
+    API_PREFIX, Ack, ApiError, ChunkQuery, Event, FileInfo, FileManifest, Health, HistoryQuery,
+    Latest, LogLine, MissingChunks, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -237,6 +237,58 @@ impl Client {
             self.run_request(Method::GET, run, "/series")?.query(&q),
         )
         .await
+    }
+
+    /// `GET {path}?{query}` under `/api/v1`, answered as JSON of any
+    /// shape: the read API's calls that need no type of their own
+    /// (`/runs`, `/latest`, a run's `/latest`, `/events`, `/logs`,
+    /// `/files`). `path` must be one of relaunch's (no `..`, no query).
+    pub async fn get_value(
+        &self,
+        what: &str,
+        path: &str,
+        query: &[(String, String)],
+    ) -> Result<serde_json::Value, ClientError> {
+        if !path.starts_with('/') || path.contains("..") || path.contains(['?', '#']) {
+            return Err(ClientError::Config(format!(
+                "{path:?} is not a path of relaunch's API"
+            )));
+        }
+        self.call(what, self.request(Method::GET, path).query(query))
+            .await
+    }
+
+    /// Every point of the keys `query` asks for, unsampled, as the column
+    /// body the server sent (`relaunch_api::columns`).
+    pub async fn history(
+        &self,
+        run: &str,
+        query: &HistoryQuery,
+    ) -> Result<bytes::Bytes, ClientError> {
+        let what = "reading a history";
+        let request = self
+            .run_request(Method::GET, run, "/history")?
+            .query(&query.pairs());
+        let mut response = self.send(what, request).await?;
+        // One allocation of the announced size (hundreds of megabytes for
+        // millions of points), not a buffer that doubles as it fills.
+        let announced = response.content_length().unwrap_or(0);
+        let mut body = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.unreachable(&e))? {
+            body.extend_from_slice(&chunk);
+        }
+        let body = bytes::Bytes::from(body);
+        if !body.starts_with(relaunch_api::columns::MAGIC) {
+            return Err(ClientError::Status {
+                status: 200,
+                what: what.to_owned(),
+                message: format!(
+                    "the answer is not what a relaunch server sends; is {} a relaunch server (of this version or newer)?",
+                    self.url()
+                ),
+            });
+        }
+        Ok(body)
     }
 
     pub async fn latest(&self, run: &str) -> Result<Vec<Latest>, ClientError> {

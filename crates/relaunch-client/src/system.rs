@@ -40,6 +40,13 @@
 //! devices stacked on them are not counted twice. Network filesystems show
 //! up as network traffic; InfiniBand/RDMA traffic is not counted.
 
+/// Whether `key` is one the launcher logs from this sampler, whose step is
+/// the wall-clock time in milliseconds since the Unix epoch (not a
+/// training step): readers show it as a time.
+pub fn step_is_wall_millis(key: &str) -> bool {
+    key.starts_with("system/") || key.starts_with("gpu/")
+}
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;

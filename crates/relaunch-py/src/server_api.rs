@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use relaunch_api::RunPatch;
+use pyo3::types::PyBytes;
+use relaunch_api::{HistoryQuery, RunPatch};
 use relaunch_client::{Client, ClientError};
 use serde::Serialize;
 
@@ -91,6 +92,66 @@ impl ServerApi {
             timeout,
             async move { client.get_run(&run).await },
         )
+    }
+
+    /// `GET path?query` (JSON of any shape): the read API's listings.
+    fn get(
+        &self,
+        py: Python<'_>,
+        path: String,
+        query: Vec<(String, String)>,
+        timeout: f64,
+    ) -> PyResult<Answer> {
+        let what = format!("reading {path}");
+        let client = self.client.clone();
+        self.call(py, &what.clone(), timeout, async move {
+            client.get_value(&what, &path, &query).await
+        })
+    }
+
+    /// `GET /runs/{run}/history`: `(200, the column body)`, or a status
+    /// and the server's message (UTF-8) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (run, keys, rank, attempt, min_step, max_step, timeout))]
+    fn history(
+        &self,
+        py: Python<'_>,
+        run: String,
+        keys: Vec<String>,
+        rank: Option<u32>,
+        attempt: Option<u32>,
+        min_step: Option<i64>,
+        max_step: Option<i64>,
+        timeout: f64,
+    ) -> PyResult<(u16, Py<PyBytes>)> {
+        let deadline = Duration::try_from_secs_f64(timeout)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!("timeout={timeout} is not > 0 seconds"))
+            })?;
+        let query = HistoryQuery {
+            keys,
+            rank,
+            min_step,
+            max_step,
+            attempt,
+        };
+        let client = self.client.clone();
+        let url = client.url().to_owned();
+        let answer = run_interruptibly(py, async move {
+            match tokio::time::timeout(deadline, client.history(&run, &query)).await {
+                Ok(Ok(body)) => Ok((200, body)),
+                Ok(Err(ClientError::Status {
+                    status, message, ..
+                })) => Ok((status, bytes::Bytes::from(message))),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(ClientError::Timeout(format!(
+                    "the relaunch server at {url} did not answer reading the history of run {run} within {timeout} s"
+                ))),
+            }
+        })?;
+        Ok((answer.0, PyBytes::new(py, &answer.1).unbind()))
     }
 
     /// `GET /runs/{run}/files`.

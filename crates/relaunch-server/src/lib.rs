@@ -111,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/keys", get(api::keys))
         .route("/runs/{id}/series", get(api::series))
         .route("/runs/{id}/latest", get(api::latest))
+        .route("/runs/{id}/history", get(api::history))
         .route("/runs/{id}/logs", get(api::logs))
         .route("/runs/{id}/events", get(api::events))
         .route("/runs/{id}/files", post(files::commit).get(files::list))

@@ -57,6 +57,21 @@ impl HeavyReads {
         storage: &Arc<dyn Storage>,
         f: impl FnOnce(&dyn Storage) -> Result<T, StorageError> + Send + 'static,
     ) -> Result<Bytes, AppError> {
+        self.encoded(storage, move |s| {
+            let value = f(s)?;
+            serde_json::to_vec(&value)
+                .map_err(|e| AppError::Internal(format!("cannot serialize the answer: {e}")))
+        })
+        .await
+    }
+
+    /// Runs `f`, which reads and encodes its answer, on a blocking thread
+    /// once a permit is free.
+    pub(crate) async fn encoded(
+        &self,
+        storage: &Arc<dyn Storage>,
+        f: impl FnOnce(&dyn Storage) -> Result<Vec<u8>, AppError> + Send + 'static,
+    ) -> Result<Bytes, AppError> {
         self.queued.fetch_add(1, Ordering::Relaxed);
         let permit = self.permits.clone().acquire_owned().await;
         self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -64,13 +79,7 @@ impl HeavyReads {
         let storage = storage.clone();
         let live = Live::enter(&self.live);
         let answer = tokio::task::spawn_blocking(move || {
-            let answer = f(storage.as_ref())
-                .map_err(AppError::from)
-                .and_then(|value| {
-                    serde_json::to_vec(&value).map_err(|e| {
-                        AppError::Internal(format!("cannot serialize the answer: {e}"))
-                    })
-                });
+            let answer = f(storage.as_ref());
             drop(permit);
             answer
         })
@@ -106,7 +115,7 @@ impl Drop for Live {
     }
 }
 
-/// A heavy read's JSON, held until the response body is dropped (sent).
+/// A heavy read's answer, held until the response body is dropped (sent).
 /// Fields drop in order: the JSON is freed before `Live` trims.
 struct Answer {
     json: Vec<u8>,

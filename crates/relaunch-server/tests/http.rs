@@ -1068,3 +1068,126 @@ async fn latest_values_of_many_runs_in_one_request() {
         assert!(error(&body).error.contains("unknown filter"));
     }
 }
+
+/// Metrics of `rank` at `steps`, in attempt `token`, from writer `writer`.
+fn points(writer: &str, token: &str, rank: u32, key: &str, steps: &[(i64, f64)]) -> Batch {
+    Batch {
+        writer: writer.into(),
+        attempt_token: token.into(),
+        records: steps
+            .iter()
+            .enumerate()
+            .map(|(i, &(step, value))| {
+                let record = Record::Metrics {
+                    step,
+                    wall: 1000.0 + step as f64,
+                    rank,
+                    values: vec![(key.into(), value)],
+                };
+                (i as u64 + 1, record)
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test]
+async fn history_answers_every_point_exactly_in_columns() {
+    use relaunch_api::columns::{self, Columns};
+    for server in Server::each(None, 1 << 20) {
+        server.open_run("h").await;
+        let first: Vec<(i64, f64)> = (0..10).map(|s| (s, s as f64)).collect();
+        let other: Vec<(i64, f64)> = (0..10).map(|s| (s, -(s as f64))).collect();
+        let odd = [
+            (0, f64::NAN),
+            (1, f64::INFINITY),
+            (i64::MAX, f64::NEG_INFINITY),
+        ];
+        for batch in [
+            points("w0", "t", 0, "loss", &first),
+            points("w1", "t", 1, "loss", &other),
+            points("w2", "t", 0, "odd", &odd),
+        ] {
+            let (status, body) = server.batch("h", &batch).await;
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        }
+        // The run resumes from step 5 in a second attempt.
+        let (status, _) = server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"id": "h", "attempt_token": "t2"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let resumed: Vec<(i64, f64)> = (5..8).map(|s| (s, 100.0 + s as f64)).collect();
+        let (status, _) = server
+            .batch("h", &points("w3", "t2", 0, "loss", &resumed))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+
+        let read = |query: &'static str| {
+            let server = &server;
+            async move {
+                let response = server
+                    .response(&format!("/api/v1/runs/h/history{query}"))
+                    .await;
+                assert_eq!(response.status(), StatusCode::OK, "{query}");
+                assert_eq!(
+                    response.headers()[header::CONTENT_TYPE],
+                    columns::CONTENT_TYPE
+                );
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                columns::decode(&body).unwrap()
+            }
+        };
+        let find = |all: &[Columns], key: &str, rank: u32| {
+            all.iter()
+                .find(|c| c.key == key && c.rank == rank)
+                .cloned()
+                .unwrap_or_else(|| panic!("no {key} of rank {rank} in {all:?}"))
+        };
+        // Everything: each step from the newest attempt that logged it.
+        let all = read("").await;
+        assert_eq!(all.len(), 3, "{all:?}");
+        let loss0 = find(&all, "loss", 0);
+        assert_eq!(loss0.step, [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(loss0.value, [0.0, 1.0, 2.0, 3.0, 4.0, 105.0, 106.0, 107.0]);
+        assert_eq!(loss0.attempt, [0, 0, 0, 0, 0, 1, 1, 1]);
+        assert_eq!(loss0.wall[2], 1002.0);
+        let odd_read = find(&all, "odd", 0);
+        assert_eq!(odd_read.step, [0, 1, i64::MAX]);
+        assert!(odd_read.value[0].is_nan());
+        assert_eq!(odd_read.value[1..], [f64::INFINITY, f64::NEG_INFINITY]);
+        // One attempt, one rank, some keys, a step range.
+        let before = read("?key=loss&rank=0&attempt=0").await;
+        assert_eq!(before.len(), 1);
+        assert_eq!(before[0].step, (0..10).collect::<Vec<_>>());
+        let other_rank = read("?key=loss&rank=1&min_step=2&max_step=4").await;
+        assert_eq!(other_rank.len(), 1);
+        assert_eq!(other_rank[0].value, [-2.0, -3.0, -4.0]);
+        assert!(read("?rank=7").await.is_empty());
+
+        // Bad input: a key the run never logged, a parameter that is not one.
+        let (status, body) = server.get("/api/v1/runs/h/history?key=nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(
+            error(&body).error.contains("no metric \"nope\""),
+            "{}",
+            error(&body).error
+        );
+        let (status, body) = server.get("/api/v1/runs/h/history?rank=x").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body)
+                .error
+                .contains("rank \"x\" is not a whole number")
+        );
+        let (status, body) = server.get("/api/v1/runs/h/history?buckets=9").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("unknown parameter \"buckets\""));
+        let (status, _) = server.get("/api/v1/runs/nope/history").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+}

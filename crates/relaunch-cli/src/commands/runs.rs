@@ -3,6 +3,7 @@
 
 use anyhow::Context as _;
 use relaunch_api::{Event, Latest, RunFilter, RunInfo};
+use relaunch_client::system::step_is_wall_millis;
 
 use crate::cli::{ListFormat, RunsLsArgs, RunsShowArgs, ShowFormat};
 use crate::render::{age, now, number, table, utc};
@@ -113,10 +114,16 @@ fn show_text(run: &RunInfo, latest: &[Latest], events: &[Event]) -> String {
         let rows: Vec<Vec<String>> = latest
             .iter()
             .map(|l| {
+                // System metrics are logged at the wall clock's milliseconds.
+                let step = if step_is_wall_millis(&l.key) {
+                    utc(l.step as f64 / 1000.0)
+                } else {
+                    l.step.to_string()
+                };
                 vec![
                     l.key.clone(),
                     l.rank.to_string(),
-                    l.step.to_string(),
+                    step,
                     l.attempt.to_string(),
                     number(l.value),
                 ]
@@ -184,14 +191,26 @@ mod tests {
 
     #[test]
     fn show_lists_settings_metrics_and_events_with_root_causes() {
-        let latest = [Latest {
-            key: "loss".into(),
-            rank: 1,
-            step: 9,
-            value: 0.25,
-            wall: 0.0,
-            attempt: 1,
-        }];
+        // Regression: a system metric's STEP showed its wall-clock
+        // milliseconds (1,718,454,956,000) instead of a time.
+        let latest = [
+            Latest {
+                key: "loss".into(),
+                rank: 1,
+                step: 9,
+                value: 0.25,
+                wall: 0.0,
+                attempt: 1,
+            },
+            Latest {
+                key: "system/load1".into(),
+                rank: 0,
+                step: 1_718_454_956_000,
+                value: 2.5,
+                wall: 1_718_454_956.0,
+                attempt: 1,
+            },
+        ];
         let events = [Event {
             id: 1,
             kind: "failed".into(),
@@ -215,8 +234,9 @@ mod tests {
           }
 
         metrics (latest value per key and rank):
-        KEY   RANK  STEP  ATTEMPT  VALUE
-        loss  1     9     1        0.25
+        KEY           RANK  STEP                  ATTEMPT  VALUE
+        loss          1     9                     1        0.25
+        system/load1  0     2024-06-15T12:35:56Z  1        2.5
 
         events:
         TIME                  ATTEMPT  KIND    TEXT

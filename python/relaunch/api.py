@@ -1,0 +1,453 @@
+"""Reading runs back: ``relaunch.Api`` lists runs (filtered on status, tags,
+config and latest metric values) and reads a run's config, summary, full
+history (into pandas or polars, every point exact), events, console lines and
+files, through relaunch's client (its server list, token, replicas and
+failover).
+
+    api = relaunch.Api()                      # RELAUNCH_SERVER, RELAUNCH_SERVER_TOKEN
+    for run in api.runs("vision", {"config.lr": 0.01, "status": "finished"}):
+        df = run.history(["loss", "acc"])     # one row per (rank, step)
+
+A history is read in the server's column format (``relaunch_api::columns``:
+28 bytes a point, mapped by numpy without parsing), never sampled: NaN and
+the infinities stay what was logged, steps stay int64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from relaunch import _native
+from relaunch.errors import (
+    TrackingConfigError,
+    TrackingConnectionError,
+    TrackingRejectedError,
+    TrackingTimeoutError,
+)
+
+if TYPE_CHECKING:
+    import pandas
+
+SERVER_ENV = "RELAUNCH_SERVER"
+TOKEN_ENV = "RELAUNCH_SERVER_TOKEN"
+STATUSES = ("running", "preempted", "restarting", "failed", "finished")
+OPERATORS = ("$eq", "$ne", "$lt", "$lte", "$gt", "$gte", "$in")
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _number(value: object) -> float:
+    """A metric value as the server's JSON carries it (non-finite as strings)."""
+    if isinstance(value, str):
+        return _NON_FINITE[value]
+    return math.nan if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _matches(actual: object, condition: object) -> bool:
+    """``condition`` is a value (equality) or ``{"$lt": 3, ...}``, all of which must hold."""
+    if not (
+        isinstance(condition, Mapping) and condition and all(k in OPERATORS for k in condition)
+    ):
+        return actual == condition
+    for op, operand in condition.items():
+        if op == "$in":
+            if actual not in operand:
+                return False
+            continue
+        if op in ("$eq", "$ne"):
+            if (actual == operand) != (op == "$eq"):
+                return False
+            continue
+        if actual is None or isinstance(actual, bool) or not isinstance(actual, (int, float)):
+            return False
+        ok = {
+            "$lt": actual < operand,
+            "$lte": actual <= operand,
+            "$gt": actual > operand,
+            "$gte": actual >= operand,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _dotted(config: object, path: str) -> object:
+    for part in path.split("."):
+        if not isinstance(config, Mapping) or part not in config:
+            return None
+        config = config[part]
+    return config
+
+
+class Api:
+    """The runs of one relaunch server (or several replicas of it).
+
+    ``server`` defaults to ``RELAUNCH_SERVER`` and ``token`` to
+    ``RELAUNCH_SERVER_TOKEN``; ``timeout`` is how long one call may take."""
+
+    def __init__(
+        self, server: str | None = None, token: str | None = None, *, timeout: float = 60.0
+    ) -> None:
+        server = server or os.environ.get(SERVER_ENV, "").strip()
+        if not server:
+            raise TrackingConfigError(
+                f"no relaunch server: pass Api(server='http://HOST:8765') or set {SERVER_ENV}"
+            )
+        if token is None:
+            token = os.environ.get(TOKEN_ENV, "").strip() or None
+        if not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout={timeout!r} is not a number of seconds > 0")
+        self.server = ",".join(_native.server_list(server))
+        self.token = token
+        self.timeout = float(timeout)
+        self._client = _native.ServerApi(self.server, token)
+
+    def __repr__(self) -> str:
+        return f"relaunch.Api({self._client.url!r})"
+
+    # -- calls --------------------------------------------------------------
+
+    def _call(self, what: str, call: Any, *args: object) -> tuple[int, Any]:
+        try:
+            return call(*args, self.timeout)
+        except TrackingTimeoutError as e:
+            raise TrackingTimeoutError(f"{e}; pass Api(timeout=...) if it is just slow") from None
+        except TrackingConnectionError as e:
+            raise TrackingConnectionError(
+                f"{e}; is `relaunch server` running there, and is {SERVER_ENV} its address?"
+            ) from None
+
+    def _expect(self, status: int, body: str | bytes, what: str) -> None:
+        if 200 <= status < 300:
+            return
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        try:
+            text = json.loads(text).get("error", text)
+        except (ValueError, AttributeError):
+            pass
+        if status in (401, 403):
+            hint = (
+                f"set {TOKEN_ENV} or pass Api(token=...) to the server's --token"
+                if not self.token
+                else f"the token is not the server's --token ({TOKEN_ENV} or Api(token=...))"
+            )
+            raise TrackingRejectedError(f"{what}: {text}; {hint}")
+        if status == 404:
+            raise LookupError(f"{what}: {text}")
+        raise TrackingRejectedError(f"{what}: the server answered {status}: {text}")
+
+    def _get(self, what: str, path: str, query: Iterable[tuple[str, str]] = ()) -> Any:
+        status, body = self._call(what, self._client.get, path, list(query))
+        self._expect(status, body, what)
+        return json.loads(body)
+
+    # -- runs ---------------------------------------------------------------
+
+    def runs(
+        self,
+        project: str | None = None,
+        filters: Mapping[str, object] | None = None,
+        *,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """The runs of ``project`` (every project when ``None``), newest first,
+        that pass every filter:
+
+        - ``"status"``: one of running, preempted, restarting, failed,
+          finished (or ``{"$in": [...]}``);
+        - ``"tags"`` (or ``"tag"``): a tag the run has;
+        - ``"config.PATH"``: a config value at a dotted path;
+        - ``"summary.KEY"``: the newest value of metric KEY (lowest rank).
+
+        A value means equality; ``{"$lt": 0.5}`` (also ``$lte``, ``$gt``,
+        ``$gte``, ``$ne``, ``$eq``, ``$in``) compares. Equality on status, a
+        tag and config is done by the server; the rest here."""
+        filters = dict(filters or {})
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit={limit!r} is not a whole number >= 1")
+        query: list[tuple[str, str]] = []
+        if project is not None:
+            query.append(("project", str(project)))
+        local: list[tuple[str, object]] = []
+        summary_keys: list[str] = []
+        for name, condition in filters.items():
+            if not isinstance(name, str):
+                raise TypeError(f"a filter's name must be a str, not {type(name).__name__}")
+            operator = isinstance(condition, Mapping)
+            if name == "status":
+                statuses = condition.get("$in", []) if operator else [condition]  # type: ignore[union-attr]
+                bad = [s for s in statuses if s not in STATUSES]
+                if bad or (operator and set(condition) - {"$in", "$eq", "$ne"}):  # type: ignore[arg-type]
+                    raise ValueError(
+                        f"status filter {condition!r}: a status is one of {', '.join(STATUSES)}"
+                    )
+                if operator:
+                    local.append(("status", condition))
+                else:
+                    query.append(("status", str(condition)))
+            elif name in ("tags", "tag"):
+                if operator or not isinstance(condition, str):
+                    raise ValueError(f"{name} filter {condition!r}: give one tag, as a str")
+                query.append(("tag", condition))
+            elif name.startswith("config.") and len(name) > len("config."):
+                if operator:
+                    local.append((name, condition))
+                else:
+                    query.append(("param", f"{name[len('config.') :]}={json.dumps(condition)}"))
+            elif name.startswith("summary.") and len(name) > len("summary."):
+                summary_keys.append(name[len("summary.") :])
+                local.append((name, condition))
+            else:
+                raise ValueError(
+                    f"unknown filter {name!r}: filter on 'status', 'tags', 'config.PATH' "
+                    "or 'summary.KEY'"
+                )
+        if limit is not None and not local:
+            query.append(("limit", str(limit)))
+        infos = self._get("listing runs", "/runs", query)
+        summaries: dict[str, dict[str, float]] = {}
+        for key in dict.fromkeys(summary_keys):
+            rows = self._get(
+                f"reading the newest {key!r} of every run",
+                "/latest",
+                [*[(k, v) for k, v in query if k != "limit"], ("key", key)],
+            )
+            for row in rows:
+                summaries.setdefault(row["run"], {})[key] = _number(row["value"])
+        runs = []
+        for info in infos:
+            record = RunRecord(self, info)
+            ok = True
+            for name, condition in local:
+                if name == "status":
+                    actual: object = info["status"]
+                elif name.startswith("config."):
+                    actual = _dotted(info.get("config"), name[len("config.") :])
+                else:
+                    actual = summaries.get(info["id"], {}).get(name[len("summary.") :])
+                if not _matches(actual, condition):
+                    ok = False
+                    break
+            if ok:
+                runs.append(record)
+            if limit is not None and len(runs) == limit:
+                break
+        return runs
+
+    def run(self, id: str) -> RunRecord:
+        """Run ``id``; ``LookupError`` if the server has none of that id."""
+        if not isinstance(id, str):
+            raise TypeError(f"a run id is a str, not {type(id).__name__}")
+        return RunRecord(self, self._get(f"reading run {id}", f"/runs/{id}"))
+
+
+class RunRecord:
+    """A run as the server keeps it: read with :meth:`Api.run` or :meth:`Api.runs`.
+
+    The attributes are those of the moment it was read; :meth:`refresh` reads
+    them again. ``config`` is the run's config, ``summary`` the newest value
+    of each metric."""
+
+    def __init__(self, api: Api, info: Mapping[str, Any]) -> None:
+        self._api = api
+        self._set(info)
+
+    def _set(self, info: Mapping[str, Any]) -> None:
+        self.id: str = info["id"]
+        self.project: str = info["project"]
+        self.name: str = info["name"]
+        self.status: str = info["status"]
+        self.tags: list[str] = list(info.get("tags", []))
+        self.notes: str = info.get("notes", "")
+        self.config: dict[str, Any] = dict(info.get("config") or {})
+        self.created_at: float = info["created_at"]
+        self.updated_at: float = info["updated_at"]
+        self.attempts: int = info["attempts"]
+        self._summary: dict[str, float] | None = None
+
+    def __repr__(self) -> str:
+        return f"<relaunch run {self.id} ({self.project}, {self.status})>"
+
+    def refresh(self) -> RunRecord:
+        self._set(self._api._get(f"reading run {self.id}", f"/runs/{self.id}"))
+        return self
+
+    @property
+    def summary(self) -> dict[str, float]:
+        """The newest value of each metric (of the lowest rank that logged it)."""
+        if self._summary is None:
+            latest = self._api._get(
+                f"reading the newest values of run {self.id}", f"/runs/{self.id}/latest"
+            )
+            summary: dict[str, float] = {}
+            for row in sorted(latest, key=lambda r: r["rank"], reverse=True):
+                summary[row["key"]] = _number(row["value"])
+            self._summary = dict(sorted(summary.items()))
+        return self._summary
+
+    def history(
+        self,
+        keys: str | Iterable[str] | None = None,
+        *,
+        rank: int | None = None,
+        attempt: int | None = None,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        layout: str = "wide",
+        format: str = "pandas",
+    ) -> Any:
+        """Every point of ``keys`` (every metric when ``None``), unsampled.
+
+        By default each step holds the value of the newest attempt that
+        logged it (a resumed run's history reads as one); ``attempt=N`` reads
+        that attempt's points only. ``layout="wide"``: one row per (rank,
+        step), a column per key (NaN where a key has no point; the last value
+        when one step was logged twice). ``layout="long"``: one row per point,
+        columns rank, step, key, value, wall (seconds since the epoch),
+        attempt. ``format``: ``"pandas"`` or ``"polars"``."""
+        if isinstance(keys, str):
+            keys = [keys]
+        keys = list(keys) if keys is not None else []
+        for key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"a key is a str, not {type(key).__name__}")
+        for name, value in (("rank", rank), ("attempt", attempt)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise ValueError(f"{name}={value!r} is not a whole number >= 0")
+        for name, value in (("min_step", min_step), ("max_step", max_step)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{name}={value!r} is not a whole number")
+        if layout not in ("wide", "long"):
+            raise ValueError(f"layout={layout!r}: use 'wide' or 'long'")
+        if format not in ("pandas", "polars"):
+            raise ValueError(f"format={format!r}: use 'pandas' or 'polars'")
+        what = f"reading the history of run {self.id}"
+        status, body = self._api._call(
+            what, self._api._client.history, self.id, keys, rank, attempt, min_step, max_step
+        )
+        self._api._expect(status, body, what)
+        frame = _frame(_columns(body), layout)
+        if format == "polars":
+            try:
+                import polars
+            except ImportError:
+                raise ImportError("format='polars' needs polars: pip install polars") from None
+            return polars.from_pandas(frame, include_index=False)
+        return frame
+
+    def events(self) -> list[dict[str, Any]]:
+        """What happened to the run (start, preemption, failure and its root
+        cause, restart, finish, alerts), oldest first."""
+        return self._api._get(f"reading the events of run {self.id}", f"/runs/{self.id}/events")
+
+    def logs(self, rank: int | None = None) -> list[dict[str, Any]]:
+        """Every console line of the run (of one rank when given), oldest
+        first: ``{"id", "rank", "stream", "attempt", "wall", "text"}``."""
+        lines: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            query = [("after", str(after)), ("limit", "10000")]
+            if rank is not None:
+                query.append(("rank", str(rank)))
+            page = self._api._get(
+                f"reading the console of run {self.id}", f"/runs/{self.id}/logs", query
+            )
+            lines.extend(page)
+            if len(page) < 10000:
+                return lines
+            after = page[-1]["id"]
+
+    def files(self) -> list[dict[str, Any]]:
+        """The run's files: name, size, BLAKE3 and when each was committed."""
+        return self._api._get(f"listing the files of run {self.id}", f"/runs/{self.id}/files")
+
+    def download(self, name: str, path: str | os.PathLike[str] | None = None) -> Path:
+        """Downloads file ``name`` to ``path`` (see :func:`relaunch.download`:
+        verified, resumable); returns where it is."""
+        from relaunch.files import download
+
+        return download(self.id, name, path, server=self._api.server, token=self._api.token).path
+
+
+def _columns(body: bytes) -> list[tuple[str, int, Any, Any, Any, Any]]:
+    """The series of a column body: (key, rank, steps, values, walls, attempts),
+    numpy arrays over ``body`` itself (no copy)."""
+    import numpy
+
+    if body[:4] != b"RLC1":
+        raise TrackingRejectedError("the history is not in relaunch's column format")
+    (count,) = struct.unpack_from("<I", body, 4)
+    at = 8
+    series = []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<H", body, at)
+        key = body[at + 2 : at + 2 + length].decode()
+        rank, n = struct.unpack_from("<IQ", body, at + 2 + length)
+        at = (at + 2 + length + 12 + 7) // 8 * 8
+        arrays = []
+        for dtype, size in (("<i8", 8), ("<f8", 8), ("<f8", 8), ("<u4", 4)):
+            arrays.append(numpy.frombuffer(body, dtype=dtype, count=n, offset=at))
+            at += n * size
+        steps, values, walls, attempts = arrays
+        at = (at + 7) // 8 * 8
+        series.append((key, rank, steps, values, walls, attempts))
+    return series
+
+
+def _frame(series: list[tuple[str, int, Any, Any, Any, Any]], layout: str) -> pandas.DataFrame:
+    import numpy
+    import pandas
+
+    if layout == "long":
+        if not series:
+            return pandas.DataFrame(
+                {
+                    "rank": numpy.array([], "u4"),
+                    "step": numpy.array([], "i8"),
+                    "key": pandas.Categorical([]),
+                    "value": numpy.array([], "f8"),
+                    "wall": numpy.array([], "f8"),
+                    "attempt": numpy.array([], "u4"),
+                }
+            )
+        names = sorted({s[0] for s in series})
+        codes = {name: i for i, name in enumerate(names)}
+        return pandas.DataFrame(
+            {
+                "rank": numpy.concatenate([numpy.full(len(s[2]), s[1], "u4") for s in series]),
+                "step": numpy.concatenate([s[2] for s in series]),
+                "key": pandas.Categorical.from_codes(
+                    numpy.concatenate([numpy.full(len(s[2]), codes[s[0]], "i4") for s in series]),
+                    names,
+                ),
+                "value": numpy.concatenate([s[3] for s in series]),
+                "wall": numpy.concatenate([s[4] for s in series]),
+                "attempt": numpy.concatenate([s[5] for s in series]),
+            }
+        )
+    by_rank: dict[int, dict[str, Any]] = {}
+    for key, rank, steps, values, _, _ in series:
+        column = pandas.Series(values, index=pandas.Index(steps, name="step"), name=key, copy=False)
+        if not column.index.is_unique:
+            column = column[~column.index.duplicated(keep="last")]
+        by_rank.setdefault(rank, {})[key] = column
+    frames = []
+    for rank in sorted(by_rank):
+        columns = by_rank[rank]
+        wide = pandas.concat([columns[k] for k in sorted(columns)], axis=1, sort=True)
+        wide.index.name = "step"
+        wide = wide.reset_index()
+        wide.insert(0, "rank", numpy.uint32(rank))
+        frames.append(wide)
+    if not frames:
+        return pandas.DataFrame({"rank": numpy.array([], "u4"), "step": numpy.array([], "i8")})
+    if len(frames) == 1:
+        return frames[0]
+    return pandas.concat(frames, ignore_index=True, sort=False)
