@@ -18,7 +18,9 @@ Three figures, each measured on both sides alternately `--repeat` times
   over HTTP (the server alone);
 - reading a 10-million-point series downsampled to 1,000 buckets, and a
   series of MLflow's size on both sides (MLflow's chart endpoint
-  `get-history-bulk-interval`, and its client's `get_metric_history`).
+  `get-history-bulk-interval`, and its client's `get_metric_history`);
+  and every point of each into a pandas DataFrame (`relaunch.Api`'s
+  `history` against `get_metric_history` into pandas).
 relaunch's side runs with this Python (the project's `.venv`), the peers'
 with `bench/tracking/.venv`. Every process and server shares the machine's
 CPUs. Results go to stdout as a markdown table and to bench/out/tracking.json.
@@ -333,6 +335,13 @@ class Bench:
                 "mlflow-history": (
                     PEER_PY, "mlflow-history", mlflow_url, mlflow_run, a.mlflow_points, 1
                 ),
+                "relaunch-frame-big": (OURS_PY, "relaunch-frame", server.url, big, a.points, 3),
+                "relaunch-frame-small": (
+                    OURS_PY, "relaunch-frame", server.url, small, a.mlflow_points, 3
+                ),
+                "mlflow-frame": (
+                    PEER_PY, "mlflow-frame", mlflow_url, mlflow_run, a.mlflow_points, 1
+                ),
             }  # fmt: skip
             results: dict[str, list[dict]] = {side: [] for side in sides}
             for _ in range(a.repeat):
@@ -359,6 +368,14 @@ class Bench:
                      "relaunch-small", "mlflow get-history-bulk-interval", "mlflow"))  # fmt: skip
         self.add(row(f"read a {m}-point series: relaunch 1,000 buckets, mlflow every point",
                      "relaunch-small", "mlflow get_metric_history", "mlflow-history"))  # fmt: skip
+        frame_ms = statistics.median(r["median_ms"] for r in results["relaunch-frame-big"])
+        self.add(row(f"every point of a {a.points / 1e6:g}M-point series into a pandas "
+                     "DataFrame (relaunch.Api history)", "relaunch-frame-big",
+                     f"mlflow get_metric_history into pandas, {m} points", "mlflow-frame",
+                     target="< 1,000 ms", met=frame_ms < 1000))  # fmt: skip
+        self.add(row(f"every point of a {m}-point series into a pandas DataFrame (same "
+                     "series on both)", "relaunch-frame-small",
+                     "mlflow get_metric_history into pandas", "mlflow-frame"))  # fmt: skip
         rates = {
             s: loads[r]["points"] / loads[r]["total_s"]
             for s, r in (("relaunch", big), ("mlflow", "mlflow"))

@@ -298,7 +298,8 @@ def cmd_load(a: argparse.Namespace) -> None:
 
 def cmd_read(a: argparse.Namespace) -> None:
     """`--reads` reads of the series `loss`; each timed from request to
-    parsed JSON (or to the list of Metric objects MLflow's client returns)."""
+    parsed JSON (or to the list of Metric objects MLflow's client returns,
+    or, for the `-frame` sides, to a pandas DataFrame of every point)."""
     url = urllib.parse.urlsplit(a.url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
     if a.side == "relaunch":
@@ -329,6 +330,34 @@ def cmd_read(a: argparse.Namespace) -> None:
             n = len(client.get_metric_history(a.run, "loss"))
             assert n == a.points, (n, a.points)
             return n
+    elif a.side == "relaunch-frame":
+        import relaunch
+
+        run = relaunch.Api(a.url, timeout=600).run(a.run)
+
+        def read() -> int:
+            frame = run.history("loss")
+            assert len(frame) == a.points, (len(frame), a.points)
+            return len(frame)
+    elif a.side == "mlflow-frame":
+        # What an MLflow user does to get a DataFrame: every point of the
+        # metric through the client, into pandas.
+        import pandas
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(a.url)
+
+        def read() -> int:
+            history = client.get_metric_history(a.run, "loss")
+            frame = pandas.DataFrame(
+                {
+                    "step": [m.step for m in history],
+                    "loss": [m.value for m in history],
+                    "timestamp": [m.timestamp for m in history],
+                }
+            )
+            assert len(frame) == a.points, (len(frame), a.points)
+            return len(frame)
     else:
         raise SystemExit(f"unknown side {a.side}")
     samples = []

@@ -115,9 +115,10 @@ class ServerApi:
         min_step: int | None,
         max_step: int | None,
         timeout: float,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytearray]:
         """``GET /runs/{run}/history``: ``(200, the column body)`` or a status
-        and the server's message, UTF-8."""
+        and the server's message, UTF-8 (a bytearray: numpy's arrays over it
+        are writable)."""
 
 def server_list(servers: str) -> list[str]:
     """Each server of a comma-separated list (``RELAUNCH_SERVER``'s syntax),

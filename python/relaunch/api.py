@@ -122,10 +122,10 @@ class Api:
                 f"{e}; is `relaunch server` running there, and is {SERVER_ENV} its address?"
             ) from None
 
-    def _expect(self, status: int, body: str | bytes, what: str) -> None:
+    def _expect(self, status: int, body: str | bytes | bytearray, what: str) -> None:
         if 200 <= status < 300:
             return
-        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        text = body.decode(errors="replace") if isinstance(body, (bytes, bytearray)) else body
         try:
             text = json.loads(text).get("error", text)
         except (ValueError, AttributeError):
@@ -376,9 +376,9 @@ class RunRecord:
         return download(self.id, name, path, server=self._api.server, token=self._api.token).path
 
 
-def _columns(body: bytes) -> list[tuple[str, int, Any, Any, Any, Any]]:
+def _columns(body: bytearray) -> list[tuple[str, int, Any, Any, Any, Any]]:
     """The series of a column body: (key, rank, steps, values, walls, attempts),
-    numpy arrays over ``body`` itself (no copy)."""
+    numpy arrays over ``body`` itself (no copy; writable, as ``body`` is)."""
     import numpy
 
     if body[:4] != b"RLC1":
@@ -432,19 +432,34 @@ def _frame(series: list[tuple[str, int, Any, Any, Any, Any]], layout: str) -> pa
                 "attempt": numpy.concatenate([s[5] for s in series]),
             }
         )
-    by_rank: dict[int, dict[str, Any]] = {}
+    by_rank: dict[int, dict[str, tuple[Any, Any]]] = {}
     for key, rank, steps, values, _, _ in series:
-        column = pandas.Series(values, index=pandas.Index(steps, name="step"), name=key, copy=False)
-        if not column.index.is_unique:
-            column = column[~column.index.duplicated(keep="last")]
-        by_rank.setdefault(rank, {})[key] = column
+        by_rank.setdefault(rank, {})[key] = (steps, values)
     frames = []
     for rank in sorted(by_rank):
         columns = by_rank[rank]
-        wide = pandas.concat([columns[k] for k in sorted(columns)], axis=1, sort=True)
+        keys = sorted(columns)
+        steps = columns[keys[0]][0]
+        # The usual case, keys logged together: one step array, no join.
+        if all(numpy.array_equal(columns[k][0], steps) for k in keys[1:]):
+            # Views of the answer's buffer (a bytearray of this call's own),
+            # not copies.
+            ranks = numpy.full(len(steps), rank, "u4")
+            wide = pandas.DataFrame(
+                {"rank": ranks, "step": steps, **{k: columns[k][1] for k in keys}}, copy=False
+            )
+            frames.append(wide)
+            continue
+        joined = []
+        for k in keys:
+            column = pandas.Series(columns[k][1], index=columns[k][0], name=k)
+            if not column.index.is_unique:
+                column = column[~column.index.duplicated(keep="last")]
+            joined.append(column)
+        wide = pandas.concat(joined, axis=1, sort=True)
         wide.index.name = "step"
         wide = wide.reset_index()
-        wide.insert(0, "rank", numpy.uint32(rank))
+        wide.insert(0, "rank", numpy.full(len(wide), rank, "u4"))
         frames.append(wide)
     if not frames:
         return pandas.DataFrame({"rank": numpy.array([], "u4"), "step": numpy.array([], "i8")})

@@ -65,11 +65,22 @@ def test_a_history_reads_back_every_point_exactly(tracking_server, tmp_path):
     assert (long["key"] == "acc").all() and (long["attempt"] == 0).all()
     assert long["wall"].between(run.created_at - 60, run.updated_at + 60).all()
 
+    # The frame is the caller's to change (its arrays may be views of the
+    # answer's read-only bytes).
+    wide.loc[0, "loss"] = -1.0
+    wide["loss"] *= 2
+    assert wide["loss"].iloc[:2].tolist() == [-2.0, 2 * logged["loss"][1]]
+    one = run.history("loss")  # one key: the frame's columns are views of the answer
+    assert one["loss"].iloc[0] == 0.0
+    one.loc[0, "loss"] = 5.0
+    one["step"] += 1
+    assert (one["loss"].iloc[0], one["step"].iloc[-1]) == (5.0, 1000)
+
     import polars
 
     frame = run.history(["loss"], format="polars")
     assert isinstance(frame, polars.DataFrame)
-    assert frame["loss"].to_list() == wide["loss"].tolist()
+    assert frame["loss"].to_list() == [logged["loss"][s] for s in range(1000)]
 
 
 def test_a_resumed_run_reads_as_one_history_and_each_attempt_alone(tracking_server, tmp_path):

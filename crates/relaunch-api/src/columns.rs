@@ -53,23 +53,24 @@ pub fn start(out: &mut Vec<u8>, series: u32) {
 /// checked far below that at ingest).
 pub fn push_series(out: &mut Vec<u8>, key: &str, rank: u32, points: &[SeriesPoint]) {
     let key = &key.as_bytes()[..key.len().min(usize::from(u16::MAX))];
-    out.reserve(32 + key.len() + points.len() * 28);
+    out.reserve(40 + key.len() + points.len() * 28);
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(&rank.to_le_bytes());
     out.extend_from_slice(&(points.len() as u64).to_le_bytes());
     pad(out);
-    for p in points {
-        out.extend_from_slice(&p.step.to_le_bytes());
-    }
-    for p in points {
-        out.extend_from_slice(&p.value.to_le_bytes());
-    }
-    for p in points {
-        out.extend_from_slice(&p.wall.to_le_bytes());
-    }
-    for p in points {
-        out.extend_from_slice(&p.attempt.to_le_bytes());
+    // The four arrays written in place: millions of points, no growth.
+    let n = points.len();
+    let start = out.len();
+    out.resize(start + n * 28, 0);
+    let (steps, rest) = out[start..].split_at_mut(n * 8);
+    let (values, rest) = rest.split_at_mut(n * 8);
+    let (walls, attempts) = rest.split_at_mut(n * 8);
+    for (i, p) in points.iter().enumerate() {
+        steps[i * 8..i * 8 + 8].copy_from_slice(&p.step.to_le_bytes());
+        values[i * 8..i * 8 + 8].copy_from_slice(&p.value.to_le_bytes());
+        walls[i * 8..i * 8 + 8].copy_from_slice(&p.wall.to_le_bytes());
+        attempts[i * 4..i * 4 + 4].copy_from_slice(&p.attempt.to_le_bytes());
     }
     pad(out);
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::PyByteArray;
 use relaunch_api::{HistoryQuery, RunPatch};
 use relaunch_client::{Client, ClientError};
 use serde::Serialize;
@@ -110,7 +110,9 @@ impl ServerApi {
     }
 
     /// `GET /runs/{run}/history`: `(200, the column body)`, or a status
-    /// and the server's message (UTF-8) otherwise.
+    /// and the server's message (UTF-8) otherwise. A `bytearray`, so that
+    /// the arrays numpy maps over it are writable and a DataFrame can use
+    /// them without another copy.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (run, keys, rank, attempt, min_step, max_step, timeout))]
     fn history(
@@ -123,7 +125,7 @@ impl ServerApi {
         min_step: Option<i64>,
         max_step: Option<i64>,
         timeout: f64,
-    ) -> PyResult<(u16, Py<PyBytes>)> {
+    ) -> PyResult<(u16, Py<PyByteArray>)> {
         let deadline = Duration::try_from_secs_f64(timeout)
             .ok()
             .filter(|d| !d.is_zero())
@@ -151,7 +153,7 @@ impl ServerApi {
                 ))),
             }
         })?;
-        Ok((answer.0, PyBytes::new(py, &answer.1).unbind()))
+        Ok((answer.0, PyByteArray::new(py, &answer.1).unbind()))
     }
 
     /// `GET /runs/{run}/files`.
