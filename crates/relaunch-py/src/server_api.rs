@@ -28,6 +28,15 @@ pub(crate) struct ServerApi {
     client: Client,
 }
 
+/// A call's `timeout` in seconds as a deadline; 0, a negative or a
+/// non-finite number is refused.
+fn deadline(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| PyValueError::new_err(format!("timeout={timeout} is not > 0 seconds")))
+}
+
 fn answer<T: Serialize>(result: Result<T, ClientError>) -> Result<Answer, ClientError> {
     match result {
         Ok(value) => serde_json::to_string(&value)
@@ -48,12 +57,7 @@ impl ServerApi {
         timeout: f64,
         request: impl Future<Output = Result<T, ClientError>> + Send,
     ) -> PyResult<Answer> {
-        let deadline = Duration::try_from_secs_f64(timeout)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!("timeout={timeout} is not > 0 seconds"))
-            })?;
+        let deadline = deadline(timeout)?;
         let url = self.client.url().to_owned();
         run_interruptibly(py, async move {
             match tokio::time::timeout(deadline, request).await {
@@ -126,12 +130,7 @@ impl ServerApi {
         max_step: Option<i64>,
         timeout: f64,
     ) -> PyResult<(u16, Py<PyByteArray>)> {
-        let deadline = Duration::try_from_secs_f64(timeout)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                PyValueError::new_err(format!("timeout={timeout} is not > 0 seconds"))
-            })?;
+        let deadline = deadline(timeout)?;
         let query = HistoryQuery {
             keys,
             rank,
