@@ -576,6 +576,37 @@ fn a_resumed_attempt_replaces_the_steps_it_repeats() {
     });
 }
 
+/// A full read takes points as they are when their steps only increase, and
+/// sorts them otherwise: steps logged again in the same attempt (the newest
+/// value wins), or logged going back.
+#[test]
+fn a_full_read_is_in_step_order_whatever_order_the_steps_came_in() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        s.ingest("r", &metrics("w", 1, "loss", 10..20, 0), 0.0)
+            .unwrap();
+        s.ingest("r", &metrics("w", 11, "loss", 0..12, 0), 0.0)
+            .unwrap();
+        let series = s.series("r", &all("loss")).unwrap();
+        let steps: Vec<i64> = series.points.iter().map(|p| p.step).collect();
+        assert_eq!(steps, (0..20).collect::<Vec<_>>());
+        assert!(
+            series
+                .points
+                .iter()
+                .all(|p| p.value == p.step as f64 * 10.0)
+        );
+        // In order, in several batches: the same points.
+        s.ingest("r", &metrics("v", 1, "acc", 0..5, 0), 0.0)
+            .unwrap();
+        s.ingest("r", &metrics("v", 6, "acc", 5..9, 0), 0.0)
+            .unwrap();
+        let series = s.series("r", &all("acc")).unwrap();
+        let steps: Vec<i64> = series.points.iter().map(|p| p.step).collect();
+        assert_eq!(steps, (0..9).collect::<Vec<_>>());
+    });
+}
+
 #[test]
 fn large_series_are_downsampled_keeping_extremes() {
     each_backend(|s, _| {
