@@ -4,7 +4,10 @@ history in pandas (or polars), exact, a resumed run's attempts as one."""
 
 from __future__ import annotations
 
+import io
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -199,3 +202,48 @@ def test_an_empty_history_is_an_empty_frame(tracking_server, tmp_path):
     run = relaunch.Api(tracking_server.url).run("short")
     assert run.history(min_step=100).empty
     assert isinstance(run.history(min_step=100, layout="long"), pd.DataFrame)
+
+
+def export(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "relaunch", "export", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_relaunch_export_writes_every_point_of_several_runs_as_csv(tracking_server, tmp_path):
+    spool = tmp_path / "spool"
+    odd = {0: math.nan, 2: math.inf, 4: -math.inf}
+    log_run(tracking_server, spool, "ex-1", range(6), acc=lambda s: odd.get(s, s / 7))
+    log_run(tracking_server, spool, "ex-2", range(3))
+    out = export("ex-1", "ex-2", "--server", tracking_server.url)
+    assert out.returncode == 0, out.stderr
+    table = pd.read_csv(io.StringIO(out.stdout))  # pandas 3 reads floats round-trip
+    assert list(table.columns) == ["run", "rank", "step", "key", "value", "wall", "attempt"]
+    api = relaunch.Api(tracking_server.url)
+    for run_id in ("ex-1", "ex-2"):
+        mine = table[table["run"] == run_id].reset_index(drop=True)
+        long = api.run(run_id).history(layout="long")
+        assert mine["step"].tolist() == long["step"].tolist()
+        assert mine["key"].tolist() == long["key"].astype(str).tolist()
+        assert np.array_equal(mine["value"], long["value"], equal_nan=True)
+        assert mine["wall"].tolist() == long["wall"].tolist()
+    acc = table[(table["run"] == "ex-1") & (table["key"] == "acc")].set_index("step")["value"]
+    assert math.isnan(acc[0]) and acc[2] == math.inf and acc[4] == -math.inf
+    only = pd.read_csv(
+        io.StringIO(
+            export(
+                "ex-1", "--key", "loss", "--min-step", "2", "--server", tracking_server.url
+            ).stdout
+        )
+    )
+    assert only["step"].tolist() == [2, 3, 4, 5] and set(only["key"]) == {"loss"}
+
+    bad = export("ex-1", "--min-step", "5", "--max-step", "1", "--server", tracking_server.url)
+    assert bad.returncode != 0 and "swap them" in bad.stderr
+    bad = export("nope", "--server", tracking_server.url)
+    assert bad.returncode != 0 and "nope" in bad.stderr, bad.stderr
+    bad = export("ex-1", "--key", "missing", "--server", tracking_server.url)
+    assert bad.returncode != 0 and 'no metric "missing"' in bad.stderr, bad.stderr

@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 
 pub use cli::{
-    CkptCommand, CkptPullArgs, Cli, Command, DoctorArgs, FilesCommand, FilesGetArgs, FilesLsArgs,
-    FilesPutArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServeArgs,
-    ServerArgs, ServerCommand, ServerConnection, StoreCommand, SyncArgs,
+    CkptCommand, CkptPullArgs, Cli, Command, DoctorArgs, ExportArgs, FilesCommand, FilesGetArgs,
+    FilesLsArgs, FilesPutArgs, LogsArgs, MetricsArgs, RunArgs, RunsCommand, RunsLsArgs,
+    RunsShowArgs, ServeArgs, ServerArgs, ServerCommand, ServerConnection, StoreCommand, SyncArgs,
 };
 
 /// The interpreter that ran `python -m relaunch`, which hands it to the
@@ -150,6 +150,7 @@ fn execute(command: &Command, context: &Context) -> anyhow::Result<u8> {
         Command::Runs(RunsCommand::Show(args)) => commands::runs::show(args),
         Command::Logs(args) => commands::logs::run(args),
         Command::Metrics(args) => commands::metrics::run(args),
+        Command::Export(args) => commands::export::run(args),
         Command::Sync(args) => commands::sync::run(args),
         Command::Files(FilesCommand::Ls(args)) => commands::files::ls(args),
         Command::Files(FilesCommand::Put(args)) => commands::files::put(args),

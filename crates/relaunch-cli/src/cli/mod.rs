@@ -16,10 +16,11 @@ pub use doctor::DoctorArgs;
 pub(crate) use doctor::DoctorFormat;
 pub(crate) use files::FilesSyncArgs;
 pub use files::{CkptCommand, CkptPullArgs, FilesCommand, FilesGetArgs, FilesLsArgs, FilesPutArgs};
-pub(crate) use reads::{ListFormat, MetricsFormat, ShowFormat};
 pub use reads::{
-    LogsArgs, MetricsArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServerConnection, SyncArgs,
+    ExportArgs, LogsArgs, MetricsArgs, RunsCommand, RunsLsArgs, RunsShowArgs, ServerConnection,
+    SyncArgs,
 };
+pub(crate) use reads::{ExportFormat, ListFormat, MetricsFormat, ShowFormat};
 pub use run::RunArgs;
 pub(crate) use run::{RdzvBackend, WorkerTtyChoice};
 pub(crate) use server::{DurabilityArg, MigrateArgs};
@@ -67,6 +68,8 @@ pub enum Command {
     Logs(LogsArgs),
     /// Print one metric of a run as CSV or JSON.
     Metrics(MetricsArgs),
+    /// Print every point of some runs' metrics as CSV (unsampled, exact).
+    Export(ExportArgs),
     /// Ship runs logged offline, or left behind by processes that died, to a tracking server.
     Sync(SyncArgs),
     /// A run's files on a tracking server: list, upload, download.

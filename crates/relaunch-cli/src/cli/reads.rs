@@ -211,6 +211,52 @@ pub enum MetricsFormat {
     Json,
 }
 
+/// Options of `relaunch export`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
+#[command(
+    after_help = "CSV columns: run,rank,step,key,value,wall,attempt, one row per point, \
+                  every point (never sampled); nan, inf and -inf as pandas reads them. Each step \
+                  holds the newest attempt's value unless --attempt names one."
+)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub connection: ServerConnection,
+
+    /// The runs' ids.
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<String>,
+
+    /// Only this metric (repeat for several) [default: every metric].
+    #[arg(long = "key", value_name = "KEY")]
+    pub keys: Vec<String>,
+
+    /// Only this rank's points [default: every rank's].
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+
+    /// Only this attempt's points [default: for each step, the newest attempt that logged it].
+    #[arg(long, value_name = "A")]
+    pub attempt: Option<u32>,
+
+    /// First step to include.
+    #[arg(long, value_name = "STEP", allow_negative_numbers = true)]
+    pub min_step: Option<i64>,
+
+    /// Last step to include.
+    #[arg(long, value_name = "STEP", allow_negative_numbers = true)]
+    pub max_step: Option<i64>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value = "csv")]
+    pub format: ExportFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    #[default]
+    Csv,
+}
+
 /// Options of `relaunch sync`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
 #[command(

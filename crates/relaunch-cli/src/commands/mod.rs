@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub(crate) mod doctor;
+pub(crate) mod export;
 pub(crate) mod files;
 pub(crate) mod logs;
 pub(crate) mod metrics;
