@@ -115,6 +115,29 @@ fn server_refuses_a_token_of_only_spaces() {
     assert!(!dir.exists());
 }
 
+/// Regression: `--token ""` started a server that asked for no token.
+#[test]
+fn server_refuses_an_empty_token_flag() {
+    let dir = std::env::temp_dir().join("relaunch-cli-empty-token-never-created");
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        // An exposed address: before the fix, the server refused it for
+        // having no token (rather than serving, so the test ends either way).
+        .args(["server", "--host", "0.0.0.0", "--port", "0", "--token", ""])
+        .arg("--data-dir")
+        .arg(&dir)
+        .env_remove("RELAUNCH_SERVER_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--token is empty") && stderr.contains("leave --token out"),
+        "{stderr}"
+    );
+    assert!(!dir.exists());
+}
+
 #[test]
 fn server_with_an_unreachable_s3_endpoint_says_so_before_serving() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

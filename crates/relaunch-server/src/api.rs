@@ -202,6 +202,11 @@ pub(crate) async fn patch_run(
     ))
 }
 
+/// Most `param=` filters one request may carry: each is a condition in
+/// the query, and the databases refuse an expression past a depth (SQLite's
+/// 1,000) with an error that would otherwise be a 500.
+const MAX_PARAM_FILTERS: usize = 100;
+
 /// Most keys one `GET /latest` may ask for.
 const MAX_LATEST_KEYS: usize = 100;
 
@@ -222,7 +227,16 @@ fn run_filter(query: Option<String>, keys: bool) -> Result<(RunFilter, Vec<Strin
                     ))
                 })?);
             }
-            "param" => filter.param.push(v.into_owned()),
+            "param" => {
+                if filter.param.len() == MAX_PARAM_FILTERS {
+                    return Err(AppError::BadRequest(format!(
+                        "more than {MAX_PARAM_FILTERS} param= filters in one request; \
+                         narrow the query (project=, tag=, status=) and filter the rest \
+                         in the client"
+                    )));
+                }
+                filter.param.push(v.into_owned());
+            }
             "limit" => {
                 filter.limit =
                     Some(v.parse().map_err(|_| {

@@ -1191,3 +1191,34 @@ async fn history_answers_every_point_exactly_in_columns() {
         assert_eq!(status, StatusCode::NOT_FOUND);
     }
 }
+
+/// Regression: 996 `param=` filters made the database refuse the query's
+/// expression, answered as a 500.
+#[tokio::test]
+async fn too_many_config_filters_are_a_400_that_names_the_limit() {
+    for server in Server::each(None, 1 << 20) {
+        server.open_run("r").await;
+        let params = |n: usize| {
+            (0..n)
+                .map(|i| format!("param=a{i}=1"))
+                .collect::<Vec<_>>()
+                .join("&")
+        };
+        for path in ["/api/v1/runs", "/api/v1/keys"] {
+            let (status, body) = server.get(&format!("{path}?{}", params(100))).await;
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+            let (status, body) = server.get(&format!("{path}?{}", params(996))).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+            assert!(error(&body).error.contains("more than 100 param= filters"));
+        }
+        let (status, _) = server
+            .get(&format!("/api/v1/latest?key=loss&{}", params(100)))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, body) = server
+            .get(&format!("/api/v1/latest?key=loss&{}", params(101)))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(error(&body).error.contains("more than 100 param= filters"));
+    }
+}

@@ -15,6 +15,15 @@ use crate::cli::{DurabilityArg, ServerArgs};
 use crate::output;
 
 pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
+    // An empty --token is a mistake (a variable that expanded to nothing),
+    // not a request for no token: leaving the flag out is. An empty
+    // RELAUNCH_SERVER_TOKEN means unset, as it does for the client.
+    if args.token.as_deref() == Some("") {
+        bail!(
+            "--token is empty, which would leave the server open to anyone; pass the secret \
+             (did a variable expand to nothing?), or leave --token out to run without one"
+        );
+    }
     let token = args
         .token
         .clone()
