@@ -14,13 +14,7 @@ use crate::render::number;
 use crate::tracking;
 
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<u8> {
-    if let (Some(min), Some(max)) = (args.min_step, args.max_step)
-        && min > max
-    {
-        anyhow::bail!(
-            "--min-step {min} is above --max-step {max}, so no step is in range; swap them"
-        );
-    }
+    super::metrics::check_step_range(args.min_step, args.max_step)?;
     let ExportFormat::Csv = args.format;
     let client = tracking::connect(&args.connection)?;
     let query = HistoryQuery {

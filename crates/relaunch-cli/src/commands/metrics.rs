@@ -9,13 +9,7 @@ use crate::render::number;
 use crate::{output, tracking};
 
 pub(crate) fn run(args: &MetricsArgs) -> anyhow::Result<u8> {
-    if let (Some(min), Some(max)) = (args.min_step, args.max_step)
-        && min > max
-    {
-        anyhow::bail!(
-            "--min-step {min} is above --max-step {max}, so no step is in range; swap them"
-        );
-    }
+    check_step_range(args.min_step, args.max_step)?;
     let client = tracking::connect(&args.connection)?;
     let query = SeriesQuery {
         key: args.key.clone(),
@@ -42,6 +36,19 @@ pub(crate) fn run(args: &MetricsArgs) -> anyhow::Result<u8> {
     };
     output::data(&text)?;
     Ok(0)
+}
+
+/// `--min-step` above `--max-step` selects nothing: say so rather than
+/// print an empty table.
+pub(crate) fn check_step_range(min: Option<i64>, max: Option<i64>) -> anyhow::Result<()> {
+    if let (Some(min), Some(max)) = (min, max)
+        && min > max
+    {
+        anyhow::bail!(
+            "--min-step {min} is above --max-step {max}, so no step is in range; swap them"
+        );
+    }
+    Ok(())
 }
 
 /// A 404 on a series means no such run or no such key: say which, and list

@@ -81,6 +81,19 @@ where
         .ok_or_else(|| StorageError::Corrupt(format!("chunk {key:?} vanished while it was read")))
 }
 
+/// One point of a full (not downsampled) read.
+fn as_series_point(p: Point, attempt: u32) -> SeriesPoint {
+    SeriesPoint {
+        step: p.step,
+        wall: p.wall,
+        value: p.value,
+        min: p.value,
+        max: p.value,
+        count: 1,
+        attempt,
+    }
+}
+
 /// The series' points in the query's range: all of them when they fit in
 /// `query.buckets`, else one per non-empty bucket. Returns the number of
 /// points in the range before reduction, too.
@@ -162,15 +175,7 @@ pub fn assemble(
         if ordered {
             let mut out: Vec<SeriesPoint> = Vec::with_capacity(total as usize);
             for (attempt, _, points) in runs {
-                out.extend(points.into_iter().map(|p| SeriesPoint {
-                    step: p.step,
-                    wall: p.wall,
-                    value: p.value,
-                    min: p.value,
-                    max: p.value,
-                    count: 1,
-                    attempt,
-                }));
+                out.extend(points.into_iter().map(|p| as_series_point(p, attempt)));
             }
             return Ok((out.len() as u64, out));
         }
@@ -182,15 +187,7 @@ pub fn assemble(
         all.sort_by_key(|(step, id, _, _)| (*step, *id));
         let mut out: Vec<SeriesPoint> = Vec::with_capacity(all.len());
         for (_, _, attempt, p) in all {
-            let point = SeriesPoint {
-                step: p.step,
-                wall: p.wall,
-                value: p.value,
-                min: p.value,
-                max: p.value,
-                count: 1,
-                attempt,
-            };
+            let point = as_series_point(p, attempt);
             match out.last_mut() {
                 Some(last) if last.step == p.step => *last = point,
                 _ => out.push(point),
