@@ -338,12 +338,14 @@ fn register(state: &(Mutex<State>, Condvar), pid: i32) -> usize {
     guard.pids.len() - 1
 }
 
-/// `order`: the process's index, which orders its live lines on the console.
+/// The process's streams' sinks; the index it is about to get orders its
+/// live lines on the console.
 fn sinks(
     spec: &ProcessSpec,
     console: &ConsoleSender,
-    order: usize,
+    state: &(Mutex<State>, Condvar),
 ) -> Result<(StreamSink, StreamSink), LaunchError> {
+    let order = state.0.lock().map_or(0, |g| g.pids.len());
     std::fs::create_dir_all(&spec.dir).map_err(|source| LaunchError::LogDir {
         path: spec.dir.clone(),
         source,
@@ -371,7 +373,7 @@ fn start(
     tasks: &mut JoinSet<()>,
     exit_tx: &mpsc::UnboundedSender<(usize, ExitKind)>,
 ) -> Result<usize, LaunchError> {
-    let (out_sink, err_sink) = sinks(spec, console, state.0.lock().map_or(0, |g| g.pids.len()))?;
+    let (out_sink, err_sink) = sinks(spec, console, state)?;
     let entrypoint = Entrypoint {
         program: spec.program.clone(),
         args: spec.args.clone(),
@@ -417,7 +419,7 @@ fn adopt(
     tasks: &mut JoinSet<()>,
     exit_tx: &mpsc::UnboundedSender<(usize, ExitKind)>,
 ) -> Result<usize, LaunchError> {
-    let (out_sink, err_sink) = sinks(spec, console, state.0.lock().map_or(0, |g| g.pids.len()))?;
+    let (out_sink, err_sink) = sinks(spec, console, state)?;
     let pipe = |fd: OwnedFd| {
         tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| LaunchError::io("cannot read a forked process's output", e))
