@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,10 +26,10 @@ struct TestServer {
 }
 
 impl TestServer {
-    fn start(addr: SocketAddr, token: Option<&str>, max_request_bytes: usize) -> Self {
+    fn start(listener: TcpListener, token: Option<&str>, max_request_bytes: usize) -> Self {
         let data = temp_dir("server");
         let storage = Arc::new(SqliteStorage::open(&data, Durability::Process).unwrap());
-        Self::serve(addr, token, max_request_bytes, storage, data, false)
+        Self::serve(listener, token, max_request_bytes, storage, data, false)
     }
 
     /// Another server on this one's storage and files, as replicas on one
@@ -40,7 +40,7 @@ impl TestServer {
     }
 
     fn serve(
-        addr: SocketAddr,
+        listener: TcpListener,
         token: Option<&str>,
         max_request_bytes: usize,
         storage: Arc<SqliteStorage>,
@@ -55,7 +55,6 @@ impl TestServer {
             max_request_bytes,
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listener = std::net::TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let thread = std::thread::spawn(move || {
@@ -154,16 +153,34 @@ fn temp_dir(what: &str) -> PathBuf {
     dir
 }
 
-fn loopback() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
+fn loopback() -> TcpListener {
+    TcpListener::bind("127.0.0.1:0").unwrap()
 }
 
-/// A free port: bound, read, released.
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind(loopback())
-        .unwrap()
-        .local_addr()
-        .unwrap()
+/// A port no server listens on yet, kept ours until one does: bound but
+/// not listening, so connecting is refused, and no other test's server can
+/// be given it in the meantime (releasing it and binding again later could
+/// hand it to one running in parallel).
+struct Reserved(socket2::Socket);
+
+impl Reserved {
+    fn new() -> Self {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).unwrap();
+        Self(socket)
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.0.local_addr().unwrap().as_socket().unwrap()
+    }
+
+    /// The same port, now listening.
+    fn listen(self) -> TcpListener {
+        self.0.listen(128).unwrap();
+        self.0.into()
+    }
 }
 
 fn options(dir: &Path, server: Option<String>, id: &str) -> RunOptions {
@@ -222,7 +239,8 @@ fn logged_values_reach_the_server_once_and_the_spool_is_removed() {
 
 #[test]
 fn a_server_that_is_down_gets_everything_when_it_returns() {
-    let addr = free_addr();
+    let port = Reserved::new();
+    let addr = port.addr();
     let dir = temp_dir("down");
     let run = Run::start(options(&dir, Some(format!("http://{addr}")), "down")).unwrap();
     log_steps(&run, 0..1000);
@@ -237,7 +255,7 @@ fn a_server_that_is_down_gets_everything_when_it_returns() {
     );
     // log() keeps working while the server is away.
     log_steps(&run, 1000..2000);
-    let server = TestServer::start(addr, None, 64 << 20);
+    let server = TestServer::start(port.listen(), None, 64 << 20);
     run.flush(Some(Duration::from_secs(30))).unwrap();
     assert_eq!(server.steps("down", "loss"), (0..2000).collect::<Vec<_>>());
     run.finish(Some(Duration::from_secs(30)), None).unwrap();
@@ -246,7 +264,8 @@ fn a_server_that_is_down_gets_everything_when_it_returns() {
 
 #[test]
 fn the_next_process_of_a_run_ships_what_a_dead_one_left() {
-    let addr = free_addr();
+    let port = Reserved::new();
+    let addr = port.addr();
     let dir = temp_dir("adopt");
     // The first process logs while the server is down, then dies.
     let first = Run::start(options(&dir, Some(format!("http://{addr}")), "adopt")).unwrap();
@@ -254,7 +273,7 @@ fn the_next_process_of_a_run_ships_what_a_dead_one_left() {
     let first_dir = first.dir().to_path_buf();
     drop(first);
     assert!(first_dir.exists());
-    let server = TestServer::start(addr, None, 64 << 20);
+    let server = TestServer::start(port.listen(), None, 64 << 20);
     let second = Run::start(options(&dir, Some(server.url()), "adopt")).unwrap();
     log_steps(&second, 500..900);
     second.flush(Some(Duration::from_secs(30))).unwrap();
@@ -522,10 +541,10 @@ fn a_run_moves_to_the_next_replica_and_stores_every_step_once() {
     );
 
     // The first one listed does not answer at all: the second takes it all.
-    let dead = loopback_refusing();
+    let dead = Reserved::new();
     let run = Run::start(options(
         &dir,
-        Some(format!("{dead},{}", second.url())),
+        Some(format!("http://{},{}", dead.addr(), second.url())),
         "first-down",
     ))
     .unwrap();
@@ -533,12 +552,4 @@ fn a_run_moves_to_the_next_replica_and_stores_every_step_once() {
     run.finish(Some(Duration::from_secs(30)), None).unwrap();
     assert_eq!(second.total("first-down", "loss", 0), 50);
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A loopback address on which nothing listens.
-fn loopback_refusing() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    format!("http://{addr}")
 }
