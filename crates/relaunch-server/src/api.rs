@@ -10,7 +10,6 @@ use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt as _;
 use relaunch_api::{
     Ack, Batch, Event, Health, HistoryQuery, Latest, RunFilter, RunInfo, RunInit, RunPatch,
     RunStatus, SeriesQuery, columns,
@@ -18,6 +17,7 @@ use relaunch_api::{
 use serde::Deserialize;
 
 use crate::AppState;
+use crate::body::{Held, read_limited};
 use crate::error::AppError;
 use crate::names::{check_key, check_name};
 use crate::storage::{Storage, StorageError};
@@ -89,52 +89,16 @@ fn json_response(json: Bytes) -> Response {
 }
 
 /// Reads a body up to the server's limit, refusing a larger one with a 413
-/// that names the limit and how to raise it. Reading takes as long as the
-/// client takes: a slow upload that keeps sending is never cut off.
-async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, AppError> {
+/// that names the limit and how to raise it (`body.rs`).
+async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Held, AppError> {
     read_limited(
+        &state.body_budget,
         headers,
         body,
         state.max_request_bytes,
         "send smaller batches, or restart the server with a larger --max-request-bytes",
     )
     .await
-}
-
-/// Reads a body of at most `limit` bytes; a larger one gets a 413 naming
-/// the limit, then `what_to_do`.
-pub(crate) async fn read_limited(
-    headers: &HeaderMap,
-    mut body: Body,
-    limit: usize,
-    what_to_do: &str,
-) -> Result<Bytes, AppError> {
-    let too_large = |size: String| {
-        AppError::TooLarge(format!(
-            "request body of {size} exceeds the server's limit of {limit} bytes; {what_to_do}"
-        ))
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if let Some(length) = declared
-        && length > limit
-    {
-        return Err(too_large(format!("{length} bytes")));
-    }
-    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
-    while let Some(frame) = body.frame().await {
-        let frame = frame
-            .map_err(|e| AppError::BadRequest(format!("cannot read the request body: {e}")))?;
-        if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
-                return Err(too_large(format!("more than {limit} bytes")));
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf.freeze())
 }
 
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(

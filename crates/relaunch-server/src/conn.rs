@@ -3,10 +3,14 @@
 //! when the client stops making progress (nginx's model: a header timeout
 //! from the first byte of a request head, an idle timeout between requests
 //! and between two reads of a body). A slow upload that keeps sending is
-//! never cut; a client that stalls is.
+//! never cut; a client that stalls is. At the cap, an idle connection is
+//! closed to make room (the address holding the most first, then the one
+//! idle longest), so idle holders cannot lock active clients out.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tower::Service as _;
@@ -44,6 +48,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 const REFUSALS_AT_ONCE: usize = 64;
 /// How long a refused connection may take to send its request head.
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// How long a connection over the cap waits for the one closed to make
+/// room for it to go.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
 /// At most one log line per kind of event per this interval.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -81,14 +88,15 @@ pub(crate) async fn serve(
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let reports = Arc::new(Reports::default());
+    let open_now = Arc::new(Registry::default());
     let tracker = TaskTracker::new();
     let (stop, stopping) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     reports.accept_failed.hit(|n| {
                         tracing::warn!(error = %e, failures = n, "cannot accept a connection");
@@ -103,16 +111,33 @@ pub(crate) async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
+        let serve = Serve {
+            router: router.clone(),
+            limits,
+            stopping: stopping.clone(),
+            reports: reports.clone(),
+            open_now: open_now.clone(),
+            peer,
+        };
         match open.clone().try_acquire_owned() {
             Ok(permit) => {
-                tracker.spawn(serve_connection(
-                    stream,
-                    router.clone(),
-                    limits,
-                    stopping.clone(),
-                    reports.clone(),
-                    permit,
-                ));
+                tracker.spawn(serve.connection(stream, permit));
+            }
+            // At the cap, an idle connection makes room: closed, its
+            // permit goes to this one (bounded like the refusals below).
+            Err(_) if open_now.evict_idle() => {
+                if let Ok(waiting) = refusals.clone().try_acquire_owned() {
+                    let open = open.clone();
+                    tracker.spawn(async move {
+                        match tokio::time::timeout(ROOM_WAIT, open.acquire_owned()).await {
+                            Ok(Ok(permit)) => {
+                                drop(waiting);
+                                serve.connection(stream, permit).await;
+                            }
+                            _ => refuse(stream, limits.max_connections, waiting).await,
+                        }
+                    });
+                }
             }
             Err(_) => {
                 reports.refused.hit(|n| {
@@ -159,62 +184,180 @@ fn is_per_connection(e: &io::Error) -> bool {
     )
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+/// What serving one connection needs.
+struct Serve {
     router: Router,
     limits: ConnLimits,
-    mut stopping: watch::Receiver<()>,
+    stopping: watch::Receiver<()>,
     reports: Arc<Reports>,
-    _permit: OwnedSemaphorePermit,
-) {
-    let activity = Arc::new(Activity::new());
-    let io = TokioIo::new(Watched {
-        inner: stream,
-        activity: activity.clone(),
-    });
-    let on_request = activity.clone();
-    let service = service_fn(move |request: Request<Incoming>| {
-        on_request.request_started();
-        let request = request.map(|body| {
-            Body::new(RequestBody {
-                inner: body,
-                activity: on_request.clone(),
-            })
+    open_now: Arc<Registry>,
+    peer: SocketAddr,
+}
+
+impl Serve {
+    async fn connection(self, stream: TcpStream, _permit: OwnedSemaphorePermit) {
+        let Self {
+            router,
+            limits,
+            mut stopping,
+            reports,
+            open_now,
+            peer,
+        } = self;
+        let activity = Arc::new(Activity::new());
+        let entry = open_now.add(peer.ip(), activity.clone());
+        let io = TokioIo::new(Watched {
+            inner: stream,
+            activity: activity.clone(),
         });
-        let activity = on_request.clone();
-        let response = router.clone().call(request);
-        async move {
-            let response = response.await?;
-            Ok::<_, Infallible>(response.map(|body| {
-                Body::new(ResponseBody {
+        let on_request = activity.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            on_request.request_started();
+            let request = request.map(|body| {
+                Body::new(RequestBody {
                     inner: body,
-                    activity,
+                    activity: on_request.clone(),
                 })
-            }))
-        }
-    });
-    // The watchdog below keeps the time; hyper's own header timeout also
-    // counts the idle time before a request, which is --idle-timeout's.
-    let connection = http1::Builder::new()
-        .header_read_timeout(None)
-        .serve_connection(io, service);
-    tokio::pin!(connection);
-    let mut stop_asked = false;
-    loop {
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "connection ended with an error");
+            });
+            let activity = on_request.clone();
+            let response = router.clone().call(request);
+            async move {
+                let response = response.await?;
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(ResponseBody {
+                        inner: body,
+                        activity,
+                    })
+                }))
+            }
+        });
+        // The watchdog below keeps the time; hyper's own header timeout also
+        // counts the idle time before a request, which is --idle-timeout's.
+        let connection = http1::Builder::new()
+            .header_read_timeout(None)
+            .serve_connection(io, service);
+        tokio::pin!(connection);
+        let mut stop_asked = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    return;
                 }
-                return;
+                _ = stopping.changed(), if !stop_asked => {
+                    stop_asked = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                expired = activity.expired(limits) => {
+                    reports.report(expired, limits);
+                    return;
+                }
+                () = entry.evicted.notified() => {
+                    // A request may have come since it was chosen: then it
+                    // stays, and the newcomer waiting for room is refused.
+                    if activity.is_idle() {
+                        reports.evicted.hit(|n| {
+                            tracing::info!(
+                                closed = n,
+                                max_connections = limits.max_connections,
+                                "closed idle connections to make room for new ones at \
+                                 --max-connections"
+                            );
+                        });
+                        return;
+                    }
+                }
             }
-            _ = stopping.changed(), if !stop_asked => {
-                stop_asked = true;
-                connection.as_mut().graceful_shutdown();
+        }
+    }
+}
+
+/// The connections open now, so that one idle can be closed to make room.
+#[derive(Default)]
+struct Registry {
+    inner: Mutex<Open>,
+}
+
+#[derive(Default)]
+struct Open {
+    next_id: u64,
+    connections: HashMap<u64, Connection>,
+    /// Open connections per client address.
+    per_address: HashMap<IpAddr, usize>,
+}
+
+struct Connection {
+    address: IpAddr,
+    activity: Arc<Activity>,
+    evicted: Arc<Notify>,
+}
+
+/// A connection's place in the [`Registry`], given up when it closes.
+struct Entry {
+    registry: Arc<Registry>,
+    id: u64,
+    evicted: Arc<Notify>,
+}
+
+impl Registry {
+    fn add(self: &Arc<Self>, address: IpAddr, activity: Arc<Activity>) -> Entry {
+        let evicted = Arc::new(Notify::new());
+        let mut open = self.inner.lock();
+        let id = open.next_id;
+        open.next_id += 1;
+        *open.per_address.entry(address).or_default() += 1;
+        open.connections.insert(
+            id,
+            Connection {
+                address,
+                activity,
+                evicted: evicted.clone(),
+            },
+        );
+        Entry {
+            registry: self.clone(),
+            id,
+            evicted,
+        }
+    }
+
+    /// Asks one idle connection to close: of the address with the most
+    /// connections open (one client, or one flood, cannot take the whole
+    /// cap while others wait), the one idle longest. False when none is
+    /// idle.
+    fn evict_idle(&self) -> bool {
+        let open = self.inner.lock();
+        let victim = open
+            .connections
+            .values()
+            .filter_map(|c| {
+                let idle_since = c.activity.idle_since()?;
+                let held = open.per_address.get(&c.address).copied().unwrap_or(0);
+                Some((held, std::cmp::Reverse(idle_since), c))
+            })
+            .max_by_key(|(held, since, _)| (*held, *since))
+            .map(|(_, _, c)| c.evicted.clone());
+        match victim {
+            Some(evicted) => {
+                evicted.notify_one();
+                true
             }
-            expired = activity.expired(limits) => {
-                reports.report(expired, limits);
-                return;
+            None => false,
+        }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut open = self.registry.inner.lock();
+        if let Some(gone) = open.connections.remove(&self.id)
+            && let Some(held) = open.per_address.get_mut(&gone.address)
+        {
+            *held -= 1;
+            if *held == 0 {
+                open.per_address.remove(&gone.address);
             }
         }
     }
@@ -324,6 +467,17 @@ impl Activity {
 
     fn body_waiting(&self, waiting: bool) {
         self.state.lock().body_waiting = waiting;
+    }
+
+    /// Since when the connection has waited for a request, with none in
+    /// flight and no byte of the next one; `None` when it is not idle.
+    fn idle_since(&self) -> Option<Instant> {
+        let state = self.state.lock();
+        (state.in_flight == 0 && state.head_started.is_none()).then_some(state.last_progress)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.idle_since().is_some()
     }
 
     /// When the connection must be closed if nothing changes, and why.
@@ -489,6 +643,7 @@ impl Drop for ResponseBody {
 #[derive(Default)]
 struct Reports {
     refused: Throttled,
+    evicted: Throttled,
     header: Throttled,
     stalled: Throttled,
     idle: Throttled,

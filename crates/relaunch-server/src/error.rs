@@ -27,6 +27,10 @@ pub enum AppError {
     /// A storage service is away; the client retries later.
     #[error("{0}")]
     Unavailable(String),
+    /// The server holds what it can of this kind of work now; the client
+    /// retries shortly (a 503 with `Retry-After`).
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl AppError {
@@ -40,6 +44,7 @@ impl AppError {
             Self::RangeNotSatisfiable(_) => (StatusCode::RANGE_NOT_SATISFIABLE, "bad_range"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy"),
         }
     }
 }
@@ -65,13 +70,21 @@ impl From<StorageError> for AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, kind) = self.status_and_kind();
-        if status.is_server_error() {
+        if status.is_server_error() && !matches!(self, Self::Busy(_)) {
             tracing::error!(error = %self, "request failed");
         }
+        let busy = matches!(self, Self::Busy(_));
         let body = ApiError {
             error: self.to_string(),
             kind: kind.to_owned(),
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if busy {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -27,7 +27,8 @@ use relaunch_api::files::{CHUNK_MAX, MAX_MISSING_QUERY, check_file_name, check_h
 use relaunch_api::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
 
 use crate::AppState;
-use crate::api::{RunId, json_body, now, read_limited};
+use crate::api::{RunId, json_body, now};
+use crate::body::read_limited;
 use crate::error::AppError;
 use crate::names::check_name;
 use crate::storage::StorageError;
@@ -105,6 +106,7 @@ pub(crate) async fn missing(
     body: Body,
 ) -> Result<Json<MissingChunks>, AppError> {
     let bytes = read_limited(
+        &state.body_budget,
         &headers,
         body,
         state.max_request_bytes,
@@ -133,6 +135,7 @@ pub(crate) async fn put_chunk(
 ) -> Result<StatusCode, AppError> {
     check_hash(&hash).map_err(AppError::BadRequest)?;
     let data = read_limited(
+        &state.body_budget,
         &headers,
         body,
         CHUNK_MAX,
@@ -147,7 +150,10 @@ pub(crate) async fn put_chunk(
              the way; send it again"
         )));
     }
-    on_blobs(&state.files, move |b| b.put_new(&hash, data)).await?;
+    // The budget's share is held until the chunk is stored.
+    let bytes = Bytes::clone(&data);
+    on_blobs(&state.files, move |b| b.put_new(&hash, bytes)).await?;
+    drop(data);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -182,6 +188,7 @@ pub(crate) async fn commit(
     body: Body,
 ) -> Result<(StatusCode, Json<FileInfo>), AppError> {
     let bytes = read_limited(
+        &state.body_budget,
         &headers,
         body,
         state.max_request_bytes,

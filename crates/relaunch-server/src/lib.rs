@@ -4,6 +4,7 @@
 //! finish and every queued write commits before it returns.
 
 mod api;
+mod body;
 mod conn;
 mod dashboard;
 mod error;
@@ -26,6 +27,7 @@ use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 use tokio::sync::watch;
 
+pub use body::DEFAULT_MAX_BODY_MEMORY;
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::AppError;
 pub use files::FileStore;
@@ -48,6 +50,8 @@ pub struct AppState {
     logs_changed: Arc<watch::Sender<u64>>,
     /// Admission of heavy reads (`reads.rs`).
     heavy_reads: reads::HeavyReads,
+    /// The memory request bodies in flight may hold (`body.rs`).
+    body_budget: body::BodyBudget,
 }
 
 impl std::fmt::Debug for AppState {
@@ -79,6 +83,7 @@ impl AppState {
             max_request_bytes,
             logs_changed,
             heavy_reads: reads::HeavyReads::new(storage::sqlite::DEFAULT_MAX_READERS),
+            body_budget: body::BodyBudget::new(DEFAULT_MAX_BODY_MEMORY.max(max_request_bytes)),
         }
     }
 
@@ -89,6 +94,16 @@ impl AppState {
     #[must_use]
     pub fn with_max_readers(mut self, max_readers: usize) -> Self {
         self.heavy_reads = reads::HeavyReads::new(max_readers);
+        self
+    }
+
+    /// Caps the memory that request bodies in flight hold together
+    /// (`--max-body-memory`), beyond the first 64 KiB of each; past it a
+    /// request is answered 503 with `Retry-After`. Never below one
+    /// request of `--max-request-bytes`.
+    #[must_use]
+    pub fn with_max_body_memory(mut self, bytes: usize) -> Self {
+        self.body_budget = body::BodyBudget::new(bytes.max(self.max_request_bytes));
         self
     }
 

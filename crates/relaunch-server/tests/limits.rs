@@ -28,6 +28,10 @@ struct Server {
 
 impl Server {
     async fn start(limits: ConnLimits) -> Self {
+        Self::start_with(limits, 64 << 20, relaunch_server::DEFAULT_MAX_BODY_MEMORY).await
+    }
+
+    async fn start_with(limits: ConnLimits, max_request_bytes: usize, body_memory: usize) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "relaunch-limits-{}-{}",
             std::process::id(),
@@ -35,7 +39,8 @@ impl Server {
         ));
         let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
         let files = FileStore::open_dir(&dir, Durability::Process).unwrap();
-        let state = AppState::new(storage, files, None, 64 << 20);
+        let state = AppState::new(storage, files, None, max_request_bytes)
+            .with_max_body_memory(body_memory);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -281,8 +286,17 @@ async fn over_the_connection_cap_the_server_answers_503_naming_the_flag() {
         2,
     ))
     .await;
-    // Two connections that send nothing hold the cap.
-    let holders = [server.connect().await, server.connect().await];
+    // Two connections in the middle of a request head hold the cap (idle
+    // ones would be closed to make room).
+    let mut holders = [server.connect().await, server.connect().await];
+    for holder in &mut holders {
+        holder
+            .write_all(b"GET /api/v1/health HTTP/1.1\r\n")
+            .await
+            .unwrap();
+    }
+    // The server has read both heads' first bytes before the next comes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let answer = request(server.addr, "GET /api/v1/health HTTP/1.1\r\n", b"").await;
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("retry-after: 1"), "{answer}");
@@ -306,6 +320,177 @@ async fn over_the_connection_cap_the_server_answers_503_naming_the_flag() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    server.stop().await;
+}
+
+/// A connection from `source` (any address of 127.0.0.0/8 is this host's).
+async fn connect_from(source: &str, server: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// True once the server has closed `stream` (reads end or fail at once).
+async fn is_closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        timeout(Duration::from_millis(100), stream.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_idle_connections_make_room_those_of_the_biggest_holder_first() {
+    let server = Server::start(limits(
+        Duration::from_secs(600),
+        Duration::from_secs(600),
+        4,
+    ))
+    .await;
+    // One client's connection, idle longest; then three of a flood from
+    // another address, idle too.
+    let mut first = connect_from("127.0.0.2", server.addr).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut flood = Vec::new();
+    for _ in 0..3 {
+        flood.push(connect_from("127.0.0.3", server.addr).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A new client is served rather than refused.
+    let answer = request(server.addr, "GET /api/v1/health HTTP/1.1\r\n", b"").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The room came from the flood's address, its oldest connection.
+    assert!(is_closed(&mut flood[0]).await);
+    assert!(!is_closed(&mut flood[1]).await);
+    assert!(!is_closed(&mut flood[2]).await);
+    assert!(!is_closed(&mut first).await);
+    // More clients in turn: idle connections keep making room.
+    for _ in 0..3 {
+        let answer = request(server.addr, "GET /api/v1/health HTTP/1.1\r\n", b"").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    drop((first, flood));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_with_a_request_in_flight_is_never_closed_to_make_room() {
+    let server = Server::start(limits(
+        Duration::from_secs(600),
+        Duration::from_secs(600),
+        1,
+    ))
+    .await;
+    // An upload under way: a request in flight, its body still coming.
+    let mut uploader = server.connect().await;
+    uploader
+        .write_all(b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = request(server.addr, "GET /api/v1/health HTTP/1.1\r\n", b"").await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(!is_closed(&mut uploader).await);
+    drop(uploader);
+    server.stop().await;
+}
+
+/// This process's virtual memory, in bytes.
+fn virtual_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_content_length_reserves_no_memory() {
+    let server = Server::start(limits(
+        Duration::from_secs(600),
+        Duration::from_secs(600),
+        1000,
+    ))
+    .await;
+    let before = virtual_memory();
+    // Fifty clients each declare 60 MiB and send a few bytes of it.
+    let mut clients = Vec::new();
+    for _ in 0..50 {
+        let mut stream = server.connect().await;
+        stream
+            .write_all(
+                b"POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: 62914560\r\n\r\n{\"a\":",
+            )
+            .await
+            .unwrap();
+        clients.push(stream);
+    }
+    // The server has read them all once a request behind them is answered.
+    let answer = request(server.addr, "GET /api/v1/health HTTP/1.1\r\n", b"").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let grown = virtual_memory().saturating_sub(before);
+    // Reserving what was declared would be 3 GB.
+    assert!(grown < 1 << 30, "virtual memory grew by {grown} bytes");
+    drop(clients);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_body_memory_cap_a_request_is_answered_503_and_small_ones_still_pass() {
+    let mib = 1 << 20;
+    let server = Server::start_with(
+        limits(Duration::from_secs(600), Duration::from_secs(600), 100),
+        4 * mib,
+        4 * mib,
+    )
+    .await;
+    // Two uploads of a declared 4 MiB each send 3 MiB and stall: the two
+    // cannot both be held in a budget of 4 MiB.
+    let mut uploads = Vec::new();
+    for _ in 0..2 {
+        let mut stream = server.connect().await;
+        stream
+            .write_all(
+                format!(
+                    "POST /api/v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+                    4 * mib
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        uploads.push(stream);
+    }
+    let (mut a, mut b) = (uploads.remove(0), uploads.remove(0));
+    let chunk = vec![b' '; 3 * mib];
+    let (sent_a, sent_b) = tokio::join!(a.write_all(&chunk), b.write_all(&chunk));
+    // The one refused gets its answer while the other still waits (its
+    // write may fail, as the server stops reading once it answers).
+    let _ = (sent_a, sent_b);
+    let (mut buf_a, mut buf_b) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let (buf, n) = tokio::select! {
+        n = a.read(&mut buf_a) => (&buf_a, n),
+        n = b.read(&mut buf_b) => (&buf_b, n),
+        () = tokio::time::sleep(HUNG) => panic!("neither upload was refused"),
+    };
+    let answer = n.unwrap();
+    let answer = String::from_utf8_lossy(&buf[..answer]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("--max-body-memory"), "{answer}");
+    // A small request is not refused for what the big one holds.
+    let run = br#"{"project":"p","id":"small","attempt_token":"t"}"#;
+    let answer = request(
+        server.addr,
+        &format!(
+            "POST /api/v1/runs HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            run.len()
+        ),
+        run,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop((a, b));
     server.stop().await;
 }
 

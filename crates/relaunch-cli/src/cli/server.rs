@@ -59,6 +59,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_request_bytes: usize,
 
+    /// Memory that request bodies being received may hold together (beyond 64 KiB each); past
+    /// it a request is answered 503 with Retry-After, which clients retry. At least
+    /// --max-request-bytes.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_body_memory: usize,
+
     /// What an acknowledged write survives: fsync (power loss) or process (the server being killed).
     #[arg(long, value_enum, default_value = "fsync")]
     pub durability: DurabilityArg,
@@ -73,7 +79,8 @@ pub struct ServerArgs {
     #[arg(long, default_value = "120", value_parser = parse_seconds, value_name = "SECONDS")]
     pub idle_timeout: Duration,
 
-    /// Connections open at once; more are answered 503 (lowered to fit the open-file limit).
+    /// Connections open at once; at the cap an idle one is closed to make room, and with none
+    /// idle a new one is answered 503 (lowered to fit the open-file limit).
     #[arg(long, default_value_t = relaunch_server::DEFAULT_MAX_CONNECTIONS, value_name = "N")]
     pub max_connections: usize,
 
@@ -95,6 +102,7 @@ impl Default for ServerArgs {
             port: 8765,
             token: None,
             max_request_bytes: relaunch_server::DEFAULT_MAX_REQUEST_BYTES,
+            max_body_memory: relaunch_server::DEFAULT_MAX_BODY_MEMORY,
             durability: DurabilityArg::Fsync,
             header_timeout: relaunch_server::DEFAULT_HEADER_TIMEOUT,
             idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,

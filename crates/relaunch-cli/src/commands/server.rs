@@ -66,7 +66,8 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         let opened = open_storage(args, durability)?;
         let storage = opened.storage.clone();
         let state = AppState::new(storage, files, token, args.max_request_bytes)
-            .with_max_readers(args.max_readers);
+            .with_max_readers(args.max_readers)
+            .with_max_body_memory(args.max_body_memory);
         output::status(&format!(
             "relaunch server: http://{addr} ({}{files_place})",
             opened.place
