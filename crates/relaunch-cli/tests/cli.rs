@@ -139,6 +139,38 @@ fn server_refuses_an_empty_token_flag() {
 }
 
 #[test]
+fn server_refuses_a_data_dir_a_newer_relaunch_wrote() {
+    let dir = std::env::temp_dir().join(format!("relaunch-cli-newer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("relaunch.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch("CREATE TABLE runs(id TEXT); PRAGMA user_version = 7;")
+        .unwrap();
+    let out = Command::cargo_bin("relaunch")
+        .unwrap()
+        .args(["server", "--port", "0", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("schema version 7")
+            && stderr.contains("knows up to 1")
+            && stderr.contains("newer relaunch wrote it"),
+        "{stderr}"
+    );
+    // Left as it was.
+    let version: u32 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 7);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn server_with_an_unreachable_s3_endpoint_says_so_before_serving() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

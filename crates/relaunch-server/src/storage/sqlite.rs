@@ -14,14 +14,15 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use relaunch_api::{
     Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine, Record,
     RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
 };
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
+use self::readers::Readers;
 use super::chunk::{self, BLOCK, Point, Summary};
 use super::downsample::{ChunkMeta, ChunkSource, assemble};
 use super::filter::{self, ParamValue};
@@ -29,7 +30,10 @@ use super::ingest::{self, Plan};
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::{Storage, StorageError};
 
+mod readers;
+mod schema;
 mod transfer;
+pub use self::schema::SCHEMA_VERSION;
 pub use self::transfer::SqliteTransfer;
 
 /// What an acknowledged write survives.
@@ -45,106 +49,6 @@ pub enum Durability {
 
 /// Requests committed together at most.
 const GROUP_MAX: usize = 256;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS projects (
-    id   INTEGER PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id         TEXT PRIMARY KEY,
-    project_id INTEGER NOT NULL REFERENCES projects(id),
-    name       TEXT NOT NULL,
-    status     TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    attempts   INTEGER NOT NULL,
-    -- 0 while the project is the default one no caller asked for.
-    project_set INTEGER NOT NULL,
-    -- Wall time of the event that set the status.
-    status_wall REAL NOT NULL DEFAULT 0,
-    tags       TEXT NOT NULL,
-    notes      TEXT NOT NULL,
-    config     TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_by_project ON runs(project_id, created_at);
-CREATE TABLE IF NOT EXISTS attempts (
-    run_id  TEXT NOT NULL,
-    token   TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    -- When the attempt started (its earliest process); orders attempts.
-    started REAL NOT NULL,
-    PRIMARY KEY (run_id, token)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS writers (
-    run_id    TEXT NOT NULL,
-    writer    TEXT NOT NULL,
-    watermark INTEGER NOT NULL,
-    PRIMARY KEY (run_id, writer)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS keys (
-    id     INTEGER PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    name   TEXT NOT NULL,
-    UNIQUE (run_id, name)
-);
-CREATE TABLE IF NOT EXISTS chunks (
-    id         INTEGER PRIMARY KEY,
-    key_id     INTEGER NOT NULL,
-    rank       INTEGER NOT NULL,
-    attempt    INTEGER NOT NULL,
-    first_step INTEGER NOT NULL,
-    last_step  INTEGER NOT NULL,
-    count      INTEGER NOT NULL,
-    vmin       REAL,
-    vmax       REAL,
-    last_value REAL,
-    last_wall  REAL NOT NULL,
-    blocks     BLOB NOT NULL,
-    points     BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS chunks_by_series ON chunks(key_id, rank, first_step);
-CREATE TABLE IF NOT EXISTS latest (
-    key_id  INTEGER NOT NULL,
-    rank    INTEGER NOT NULL,
-    step    INTEGER NOT NULL,
-    value   REAL,
-    wall    REAL NOT NULL,
-    attempt INTEGER NOT NULL,
-    PRIMARY KEY (key_id, rank)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS logs (
-    id      INTEGER PRIMARY KEY,
-    run_id  TEXT NOT NULL,
-    rank    INTEGER NOT NULL,
-    stream  INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    wall    REAL NOT NULL,
-    text    TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS logs_by_run ON logs(run_id, id);
-CREATE TABLE IF NOT EXISTS events (
-    id      INTEGER PRIMARY KEY,
-    run_id  TEXT NOT NULL,
-    kind    TEXT NOT NULL,
-    attempt INTEGER NOT NULL,
-    wall    REAL NOT NULL,
-    text    TEXT NOT NULL,
-    data    TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id, id);
-CREATE TABLE IF NOT EXISTS files (
-    run_id     TEXT NOT NULL,
-    name       TEXT NOT NULL,
-    size       INTEGER NOT NULL,
-    blake3     TEXT NOT NULL,
-    -- JSON array of {hash, size}, in order.
-    chunks     TEXT NOT NULL,
-    n_chunks   INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (run_id, name)
-);
-";
 
 /// A write request for the writer thread: its SQL runs in a savepoint; what
 /// it returns is delivered once the transaction commits.
@@ -165,21 +69,6 @@ pub struct SqliteStorage {
 
 /// Default `--max-readers`.
 pub const DEFAULT_MAX_READERS: usize = 4;
-
-/// The reader connections: at most `max` open, each reused; a read that
-/// finds them all busy waits for one. Bounding them bounds what concurrent
-/// reads hold (each connection's page cache and its mapped pages, each
-/// read's results) and leaves the cores to the writer.
-struct Readers {
-    pool: Mutex<ReaderPool>,
-    freed: Condvar,
-    max: usize,
-}
-
-struct ReaderPool {
-    idle: Vec<Connection>,
-    open: usize,
-}
 
 impl std::fmt::Debug for SqliteStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -217,7 +106,10 @@ pub(crate) fn open_writer(
         "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous}; PRAGMA busy_timeout=10000;"
     ))
     .map_err(backend)?;
-    conn.execute_batch(SCHEMA).map_err(backend)?;
+    let applied = schema::migrate(&conn, &path)?;
+    if !applied.is_empty() {
+        tracing::info!(database = %path.display(), versions = ?applied, "applied schema migrations");
+    }
     Ok((path, conn))
 }
 
@@ -231,17 +123,10 @@ impl SqliteStorage {
             .spawn(move || write_loop(conn, rx))
             .map_err(|e| StorageError::Backend(format!("cannot start the database writer: {e}")))?;
         Ok(Self {
-            path,
+            path: path.clone(),
             jobs: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(writer)),
-            readers: Readers {
-                pool: Mutex::new(ReaderPool {
-                    idle: Vec::new(),
-                    open: 0,
-                }),
-                freed: Condvar::new(),
-                max: DEFAULT_MAX_READERS,
-            },
+            readers: Readers::new(path.clone(), DEFAULT_MAX_READERS),
         })
     }
 
@@ -284,55 +169,20 @@ impl SqliteStorage {
     /// At most `max` reads at once (at least 1); more wait for a reader.
     #[must_use]
     pub fn with_max_readers(mut self, max: usize) -> Self {
-        self.readers.max = max.max(1);
+        self.readers.set_max(max);
         self
     }
 
     /// Reader connections open now; never more than `with_max_readers`.
     pub fn readers_open(&self) -> usize {
-        self.readers.pool.lock().open
+        self.readers.open()
     }
 
     fn read<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StorageError>,
     ) -> Result<T, StorageError> {
-        let conn = {
-            let mut pool = self.readers.pool.lock();
-            loop {
-                if let Some(conn) = pool.idle.pop() {
-                    break conn;
-                }
-                if pool.open < self.readers.max {
-                    pool.open += 1;
-                    drop(pool);
-                    match self.open_reader() {
-                        Ok(conn) => break conn,
-                        Err(e) => {
-                            self.readers.pool.lock().open -= 1;
-                            self.readers.freed.notify_one();
-                            return Err(e);
-                        }
-                    }
-                }
-                self.readers.freed.wait(&mut pool);
-            }
-        };
-        let result = f(&conn);
-        self.readers.pool.lock().idle.push(conn);
-        self.readers.freed.notify_one();
-        result
-    }
-
-    fn open_reader(&self) -> Result<Connection, StorageError> {
-        let conn = Connection::open_with_flags(
-            &self.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(backend)?;
-        conn.execute_batch("PRAGMA busy_timeout=10000; PRAGMA mmap_size=1073741824;")
-            .map_err(backend)?;
-        Ok(conn)
+        self.readers.read(f)
     }
 }
 

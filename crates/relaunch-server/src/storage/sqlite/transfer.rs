@@ -59,6 +59,10 @@ impl SqliteTransfer {
         .map_err(|e| not_ours(&e))?;
         conn.execute_batch("PRAGMA busy_timeout=10000; BEGIN")
             .map_err(|e| not_ours(&e))?;
+        let found = super::schema::version(&conn)?;
+        if found > super::SCHEMA_VERSION {
+            return Err(super::schema::too_new(&path, found));
+        }
         for table in TABLES {
             let found: Option<i64> = conn
                 .query_row(
