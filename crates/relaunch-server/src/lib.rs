@@ -31,6 +31,7 @@ pub use body::DEFAULT_MAX_BODY_MEMORY;
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::AppError;
 pub use files::FileStore;
+pub use reads::DEFAULT_MAX_RESPONSE_MEMORY;
 pub use storage::Storage;
 
 /// The environment variable that holds the access token.
@@ -52,6 +53,8 @@ pub struct AppState {
     heavy_reads: reads::HeavyReads,
     /// The memory request bodies in flight may hold (`body.rs`).
     body_budget: body::BodyBudget,
+    /// What answers not yet sent may hold together (`reads.rs`).
+    max_response_memory: usize,
 }
 
 impl std::fmt::Debug for AppState {
@@ -84,6 +87,7 @@ impl AppState {
             logs_changed,
             heavy_reads: reads::HeavyReads::new(storage::sqlite::DEFAULT_MAX_READERS),
             body_budget: body::BodyBudget::new(DEFAULT_MAX_BODY_MEMORY.max(max_request_bytes)),
+            max_response_memory: DEFAULT_MAX_RESPONSE_MEMORY,
         }
     }
 
@@ -93,7 +97,18 @@ impl AppState {
     /// leaving one to light reads; more wait without holding a thread.
     #[must_use]
     pub fn with_max_readers(mut self, max_readers: usize) -> Self {
-        self.heavy_reads = reads::HeavyReads::new(max_readers);
+        self.heavy_reads =
+            reads::HeavyReads::new(max_readers).with_answer_memory(self.max_response_memory);
+        self
+    }
+
+    /// Caps the memory that heavy reads' answers not yet sent hold
+    /// together (`--max-response-memory`): past it a read waits a few
+    /// seconds for room, then is answered 503 with `Retry-After`.
+    #[must_use]
+    pub fn with_max_response_memory(mut self, bytes: usize) -> Self {
+        self.max_response_memory = bytes;
+        self.heavy_reads = self.heavy_reads.with_answer_memory(bytes);
         self
     }
 

@@ -12,21 +12,44 @@
 //! allocator is asked to give its free memory back to the system
 //! ([`crate::trim`]): trimming when the read ends is not enough, since the
 //! answers (megabytes each) are freed only once written to the socket.
+//!
+//! Those answers are also what a client that does not read pins: hyper
+//! holds a response until it is written whole or the connection closes.
+//! So every answer takes its size from a budget (`--max-response-memory`)
+//! before it is sent, given back when its body is dropped; past the
+//! budget a read waits (its read permit held, so no more answers pile up
+//! meanwhile) at most [`ANSWER_WAIT`], then gets a 503 with `Retry-After`.
+//! A client that stops reading is closed by the connection's watchdog
+//! after `--idle-timeout`, which gives its answer's share back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::AppError;
 use crate::storage::{Storage, StorageError};
+
+/// Default `--max-response-memory`.
+pub const DEFAULT_MAX_RESPONSE_MEMORY: usize = 1 << 30;
+
+/// How long an answer waits for room in the budget before its read is
+/// answered 503.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// The budget counts KiB (a semaphore holds at most `u32::MAX` per take).
+const UNIT: usize = 1024;
 
 /// The permits of heavy reads, and how many reads wait for one.
 #[derive(Clone, Debug)]
 pub(crate) struct HeavyReads {
     permits: Arc<Semaphore>,
+    /// The memory that answers not yet sent may hold, in [`UNIT`]s.
+    answers: Arc<Semaphore>,
+    answer_units: u32,
     /// Heavy reads that have a permit, and answers not yet sent.
     live: Arc<AtomicUsize>,
     /// Heavy reads waiting for a permit.
@@ -38,11 +61,22 @@ impl HeavyReads {
     /// connections (at least 1), so that a light read (a run, a
     /// watermark, the events the dashboard polls) finds one free.
     pub(crate) fn new(max_readers: usize) -> Self {
+        let answer_units = units(DEFAULT_MAX_RESPONSE_MEMORY);
         Self {
             permits: Arc::new(Semaphore::new(max_readers.saturating_sub(1).max(1))),
+            answers: Arc::new(Semaphore::new(answer_units as usize)),
+            answer_units,
             live: Arc::new(AtomicUsize::new(0)),
             queued: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The same admission with answers not yet sent holding at most
+    /// `bytes` together.
+    pub(crate) fn with_answer_memory(mut self, bytes: usize) -> Self {
+        self.answer_units = units(bytes).max(1);
+        self.answers = Arc::new(Semaphore::new(self.answer_units as usize));
+        self
     }
 
     /// Reads waiting for a permit now.
@@ -78,18 +112,36 @@ impl HeavyReads {
         let permit = permit.map_err(|_| AppError::Internal("the server is stopping".into()))?;
         let storage = storage.clone();
         let live = Live::enter(&self.live);
-        let answer = tokio::task::spawn_blocking(move || {
-            let answer = f(storage.as_ref());
-            drop(permit);
-            answer
-        })
+        let answer = tokio::task::spawn_blocking(move || f(storage.as_ref()))
+            .await
+            .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))??;
+        // An answer larger than the whole budget waits for all of it.
+        let needed = units(answer.len()).min(self.answer_units).max(1);
+        let share = tokio::time::timeout(
+            ANSWER_WAIT,
+            self.answers.clone().acquire_many_owned(needed),
+        )
         .await
-        .map_err(|e| AppError::Internal(format!("storage task failed: {e}")))??;
+        .map_err(|_| {
+            AppError::Busy(format!(
+                "the server holds {} bytes of answers its clients have not read yet, its limit \
+                 (--max-response-memory); retry shortly",
+                self.answer_units as usize * UNIT
+            ))
+        })?
+        .map_err(|_| AppError::Internal("the server is stopping".into()))?;
+        drop(permit);
         Ok(Bytes::from_owner(Answer {
             json: answer,
+            _share: share,
             _live: live,
         }))
     }
+}
+
+/// `bytes` in budget units, rounded up.
+fn units(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX)
 }
 
 /// One heavy read in [`HeavyReads::live`] until dropped: the last one out
@@ -115,10 +167,12 @@ impl Drop for Live {
     }
 }
 
-/// A heavy read's answer, held until the response body is dropped (sent).
-/// Fields drop in order: the JSON is freed before `Live` trims.
+/// A heavy read's answer, held until the response body is dropped (sent,
+/// or its connection closed). Fields drop in order: the JSON is freed
+/// before its share of the budget is given back and `Live` trims.
 struct Answer {
     json: Vec<u8>,
+    _share: OwnedSemaphorePermit,
     _live: Live,
 }
 

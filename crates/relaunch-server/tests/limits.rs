@@ -28,10 +28,14 @@ struct Server {
 
 impl Server {
     async fn start(limits: ConnLimits) -> Self {
-        Self::start_with(limits, 64 << 20, relaunch_server::DEFAULT_MAX_BODY_MEMORY).await
+        Self::start_with(limits, 64 << 20, |state| state).await
     }
 
-    async fn start_with(limits: ConnLimits, max_request_bytes: usize, body_memory: usize) -> Self {
+    async fn start_with(
+        limits: ConnLimits,
+        max_request_bytes: usize,
+        configure: impl FnOnce(AppState) -> AppState,
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "relaunch-limits-{}-{}",
             std::process::id(),
@@ -39,8 +43,7 @@ impl Server {
         ));
         let storage = Arc::new(SqliteStorage::open(&dir, Durability::Process).unwrap());
         let files = FileStore::open_dir(&dir, Durability::Process).unwrap();
-        let state = AppState::new(storage, files, None, max_request_bytes)
-            .with_max_body_memory(body_memory);
+        let state = configure(AppState::new(storage, files, None, max_request_bytes));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -441,7 +444,7 @@ async fn past_the_body_memory_cap_a_request_is_answered_503_and_small_ones_still
     let server = Server::start_with(
         limits(Duration::from_secs(600), Duration::from_secs(600), 100),
         4 * mib,
-        4 * mib,
+        |state| state.with_max_body_memory(4 * mib),
     )
     .await;
     // Two uploads of a declared 4 MiB each send 3 MiB and stall: the two
@@ -491,6 +494,69 @@ async fn past_the_body_memory_cap_a_request_is_answered_503_and_small_ones_still
     .await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     drop((a, b));
+    server.stop().await;
+}
+
+/// A connection whose receive buffer is small, so that an answer it does
+/// not read stays in the server rather than in the kernel's buffers.
+async fn connect_small_window(server: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_clients_do_not_read_hold_at_most_the_response_memory_cap() {
+    let mib = 1 << 20;
+    let server = Server::start_with(
+        limits(Duration::from_secs(600), Duration::from_secs(600), 100),
+        64 * mib,
+        |state| state.with_max_response_memory(12 * mib),
+    )
+    .await;
+    // A run whose listing is 8 MiB of JSON.
+    let config = format!(r#"{{"blob":"{}"}}"#, "x".repeat(8 * mib));
+    let run = format!(r#"{{"project":"p","id":"big","attempt_token":"t","config":{config}}}"#);
+    let answer = request(
+        server.addr,
+        &format!(
+            "POST /api/v1/runs HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            run.len()
+        ),
+        run.as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let listing = b"GET /api/v1/runs HTTP/1.1\r\nHost: x\r\n\r\n";
+    // One client asks for it and reads only the start of the answer.
+    let mut stalled = connect_small_window(server.addr).await;
+    stalled.write_all(listing).await.unwrap();
+    let mut start = [0u8; 12];
+    stalled.read_exact(&mut start).await.unwrap();
+    assert_eq!(&start, b"HTTP/1.1 200");
+    // The next answer does not fit beside it: a 503 that says why.
+    let answer = request(server.addr, "GET /api/v1/runs HTTP/1.1\r\n", b"").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "{}",
+        &answer[..answer.len().min(300)]
+    );
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("--max-response-memory"), "{answer}");
+    // Light reads are not held back by it.
+    let answer = request(server.addr, "GET /api/v1/runs/big HTTP/1.1\r\n", b"").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{}", &answer[..300]);
+    // Once the client that did not read is gone, its share is free again.
+    drop(stalled);
+    let deadline = Instant::now() + HUNG;
+    loop {
+        let answer = request(server.addr, "GET /api/v1/runs HTTP/1.1\r\n", b"").await;
+        if answer.starts_with("HTTP/1.1 200") {
+            assert!(answer.len() > 8 * mib);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the share was never given back");
+    }
     server.stop().await;
 }
 

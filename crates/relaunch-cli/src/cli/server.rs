@@ -65,6 +65,12 @@ pub struct ServerArgs {
     #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
     pub max_body_memory: usize,
 
+    /// Memory that answers of heavy reads (series, histories, log pages, run listings) not yet
+    /// read by their clients may hold together; past it a read waits up to 5 s for room, then is
+    /// answered 503 with Retry-After.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size, value_name = "SIZE")]
+    pub max_response_memory: usize,
+
     /// What an acknowledged write survives: fsync (power loss) or process (the server being killed).
     #[arg(long, value_enum, default_value = "fsync")]
     pub durability: DurabilityArg,
@@ -103,6 +109,7 @@ impl Default for ServerArgs {
             token: None,
             max_request_bytes: relaunch_server::DEFAULT_MAX_REQUEST_BYTES,
             max_body_memory: relaunch_server::DEFAULT_MAX_BODY_MEMORY,
+            max_response_memory: relaunch_server::DEFAULT_MAX_RESPONSE_MEMORY,
             durability: DurabilityArg::Fsync,
             header_timeout: relaunch_server::DEFAULT_HEADER_TIMEOUT,
             idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,

@@ -67,7 +67,8 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         let storage = opened.storage.clone();
         let state = AppState::new(storage, files, token, args.max_request_bytes)
             .with_max_readers(args.max_readers)
-            .with_max_body_memory(args.max_body_memory);
+            .with_max_body_memory(args.max_body_memory)
+            .with_max_response_memory(args.max_response_memory);
         output::status(&format!(
             "relaunch server: http://{addr} ({}{files_place})",
             opened.place
