@@ -3,7 +3,7 @@
 //! its sequence number, compact and little-endian.
 //!
 //! ```text
-//! "RLB2"
+//! "RLB3"
 //! writer          str16 (u16 length + UTF-8)   one spool: one process of one attempt
 //! attempt_token   str16                        the attempt it belongs to
 //! records         u32 n, n × record, seq consecutive (each the last + 1), 1 ..= 2^63-1
@@ -12,7 +12,14 @@
 //!   metrics (1): step i64, wall f64, rank u32, u16 n, n × (key str16, value f64)   one log() call
 //!   log     (2): rank u32, stream u8 (0 stdout, 1 stderr), wall f64, text str32
 //!   event   (3): kind str16, wall f64, text str32, data str32 (JSON)
+//! crc32c          u32, CRC-32C (Castagnoli) of every byte before it
 //! ```
+//!
+//! Every wall time is finite (seconds since the Unix epoch). A batch whose
+//! checksum does not match was damaged on the way (a proxy, a bad NIC) and
+//! is refused whole, so no bit flipped in transit is stored as another
+//! value. "RLB2" is the same without the checksum, as clients before it
+//! sent; it is still read.
 //!
 //! A record's body is also what the client's spool stores, so shipping is
 //! concatenation. A writer numbers its records 1, 2, 3, ... without gaps;
@@ -21,7 +28,10 @@
 
 use crate::types::Stream;
 
-pub const MAGIC: &[u8; 4] = b"RLB2";
+pub const MAGIC: &[u8; 4] = b"RLB3";
+
+/// The format before the checksum: read, never written.
+pub const MAGIC_UNCHECKED: &[u8; 4] = b"RLB2";
 pub const CONTENT_TYPE: &str = "application/x-relaunch-batch";
 
 /// The largest sequence number: storage keeps them as signed 64-bit
@@ -64,10 +74,20 @@ pub struct Batch {
     pub records: Vec<(u64, Record)>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BatchError {
-    #[error("not a relaunch batch (it should start with \"RLB2\")")]
+    #[error("not a relaunch batch (it should start with \"RLB3\")")]
     Magic,
+    #[error(
+        "the batch's checksum is {found:08x} but its bytes give {computed:08x}: it was damaged \
+         on the way; send it again"
+    )]
+    Checksum { found: u32, computed: u32 },
+    #[error(
+        "record {seq} has the wall time {wall}: a wall time is a finite number of seconds since \
+         the Unix epoch"
+    )]
+    Wall { seq: u64, wall: f64 },
     #[error("the batch ends in the middle of {0}")]
     Truncated(&'static str),
     #[error("unknown record kind {0}")]
@@ -135,9 +155,17 @@ pub fn put_record_with_seq(out: &mut Vec<u8>, seq: u64, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
+/// Ends the batch that `out` holds from `start` (where its header was put):
+/// appends the checksum of its bytes.
+pub fn put_checksum(out: &mut Vec<u8>, start: usize) {
+    let crc = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
 impl Batch {
     /// Appends the wire form to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
         put_header(
             out,
             &self.writer,
@@ -148,13 +176,28 @@ impl Batch {
             out.extend_from_slice(&seq.to_le_bytes());
             record.encode(out);
         }
+        put_checksum(out, start);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, BatchError> {
-        let mut r = Reader { bytes, pos: 0 };
-        if r.take(4, "the header")? != MAGIC {
-            return Err(BatchError::Magic);
-        }
+        let bytes = match bytes.get(..4) {
+            Some(magic) if magic == MAGIC => {
+                let Some(split) = bytes.len().checked_sub(4).filter(|&n| n >= 4) else {
+                    return Err(BatchError::Truncated("the checksum"));
+                };
+                let (body, trailer) = bytes.split_at(split);
+                let found = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+                let computed = crc32c::crc32c(body);
+                if found != computed {
+                    return Err(BatchError::Checksum { found, computed });
+                }
+                body
+            }
+            Some(magic) if magic == MAGIC_UNCHECKED => bytes,
+            Some(_) => return Err(BatchError::Magic),
+            None => return Err(BatchError::Truncated("the header")),
+        };
+        let mut r = Reader { bytes, pos: 4 };
         let writer = r.str16("the writer id")?;
         let attempt_token = r.str16("the attempt token")?;
         for (what, s) in [("writer id", &writer), ("attempt token", &attempt_token)] {
@@ -178,6 +221,12 @@ impl Batch {
             records,
         };
         batch.check_sequence()?;
+        for (seq, record) in &batch.records {
+            let wall = record.wall();
+            if !wall.is_finite() {
+                return Err(BatchError::Wall { seq: *seq, wall });
+            }
+        }
         Ok(batch)
     }
 
@@ -202,6 +251,15 @@ impl Batch {
 }
 
 impl Record {
+    /// When the record was made, in seconds since the Unix epoch.
+    pub fn wall(&self) -> f64 {
+        match self {
+            Record::Metrics { wall, .. }
+            | Record::Log { wall, .. }
+            | Record::Event { wall, .. } => *wall,
+        }
+    }
+
     /// Appends the record's body (what the spool stores).
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
@@ -421,6 +479,7 @@ mod tests {
             assert_eq!(Record::decode(&body).unwrap().encode_to_vec(), body);
             put_record_with_seq(&mut by_parts, *seq, &body);
         }
+        put_checksum(&mut by_parts, 0);
         let mut whole = Vec::new();
         batch.encode(&mut whole);
         assert_eq!(by_parts, whole);
@@ -434,7 +493,60 @@ mod tests {
             assert!(Batch::decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         bytes.push(0);
-        assert_eq!(Batch::decode(&bytes), Err(BatchError::Trailing(1)));
+        assert!(matches!(
+            Batch::decode(&bytes),
+            Err(BatchError::Checksum { .. })
+        ));
+        let mut unchecked = without_checksum(&sample());
+        unchecked.push(0);
+        assert_eq!(Batch::decode(&unchecked), Err(BatchError::Trailing(1)));
+    }
+
+    /// The batch as clients before the checksum sent it ("RLB2").
+    fn without_checksum(batch: &Batch) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        batch.encode(&mut bytes);
+        bytes.truncate(bytes.len() - 4);
+        bytes[..4].copy_from_slice(MAGIC_UNCHECKED);
+        bytes
+    }
+
+    #[test]
+    fn a_batch_of_the_format_before_the_checksum_is_still_read() {
+        let batch = Batch::decode(&without_checksum(&sample())).unwrap();
+        assert_eq!(batch.records.len(), 3);
+        assert_eq!(batch.writer, "w-abc");
+    }
+
+    /// Regression: bits flipped on the way were stored as other values.
+    #[test]
+    fn every_flipped_bit_is_refused() {
+        let mut bytes = Vec::new();
+        sample().encode(&mut bytes);
+        for bit in 0..bytes.len() * 8 {
+            let mut damaged = bytes.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(Batch::decode(&damaged).is_err(), "bit {bit} flipped");
+        }
+    }
+
+    /// Regression: a NaN or infinite wall time was stored, and read back
+    /// as null.
+    #[test]
+    fn a_wall_time_that_is_not_finite_is_refused() {
+        for wall in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut batch = sample();
+            if let Record::Log { wall: w, .. } = &mut batch.records[1].1 {
+                *w = wall;
+            } else {
+                panic!("the sample's second record is a log line");
+            }
+            let mut bytes = Vec::new();
+            batch.encode(&mut bytes);
+            let err = Batch::decode(&bytes).unwrap_err();
+            assert!(matches!(err, BatchError::Wall { seq: 2, .. }), "{err:?}");
+            assert!(err.to_string().contains("finite"), "{err}");
+        }
     }
 
     #[test]
@@ -474,6 +586,7 @@ mod tests {
         // A huge record count with no records does not allocate for it.
         let mut bytes = Vec::new();
         put_header(&mut bytes, "w", "t", u32::MAX);
+        put_checksum(&mut bytes, 0);
         assert!(matches!(
             Batch::decode(&bytes),
             Err(BatchError::Truncated(_))

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use relaunch_api::RunInfo;
-use relaunch_api::batch::{put_header, put_record_with_seq};
+use relaunch_api::batch::{put_checksum, put_header, put_record_with_seq};
 
 use crate::error::{ClientError, ErrorKind};
 use crate::http::Client;
@@ -452,6 +452,7 @@ async fn send_next(
     for (seq, record) in &records {
         put_record_with_seq(&mut body, *seq, record);
     }
+    put_checksum(&mut body, 0);
     let run = info.run_id();
     let watermark = match client.send_batch(run, body).await {
         Ok(ack) => ack.watermark,

@@ -313,6 +313,60 @@ async fn an_oversized_request_gets_413_naming_the_limit() {
     }
 }
 
+/// Regression: bits flipped on the way were stored as other values.
+#[tokio::test]
+async fn a_damaged_batch_is_refused_whole_and_stores_nothing() {
+    for server in Server::each(None, 1 << 20) {
+        server
+            .json(
+                "POST",
+                "/api/v1/runs",
+                serde_json::json!({"project": "p", "id": "r", "attempt_token": "t"}),
+            )
+            .await;
+        let mut bytes = Vec::new();
+        loss("w", 0..100).encode(&mut bytes);
+        // One bit of one value.
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x10;
+        let (status, body) = server
+            .send(
+                Request::builder()
+                    .method("POST")
+                    .uri("/api/v1/runs/r/batches")
+                    .header(header::CONTENT_TYPE, relaunch_api::batch::CONTENT_TYPE)
+                    .body(Body::from(bytes))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let e = error(&body).error;
+        assert!(
+            e.contains("damaged on the way") && e.contains("send it again"),
+            "{e}"
+        );
+        let (status, body) = server.get("/api/v1/runs/r/keys").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(String::from_utf8_lossy(&body), "[]");
+        // Sent again undamaged, it is stored.
+        let (status, _) = server.batch("r", &loss("w", 0..100)).await;
+        assert_eq!(status, StatusCode::OK);
+        // A wall time that is not a time is refused, not stored as null.
+        let mut bad_wall = loss("w", 100..101);
+        bad_wall.records[0].0 = 101;
+        if let Record::Metrics { wall, .. } = &mut bad_wall.records[0].1 {
+            *wall = f64::NAN;
+        }
+        let (status, body) = server.batch("r", &bad_wall).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            error(&body).error.contains("wall time NaN"),
+            "{}",
+            error(&body).error
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_input_gets_clear_errors() {
     for server in Server::each(None, 1 << 20) {
