@@ -100,7 +100,7 @@ if [ $# -eq 0 ]; then
         say "pytest, the tracking tests on two replicas (PostgreSQL + S3)"
         RELAUNCH_TEST_SERVERS=replicas "$PY" -m pytest python/tests/test_tracking.py \
             python/tests/test_files.py python/tests/test_launch_tracking.py python/tests/test_resume.py \
-            python/tests/test_api.py
+            python/tests/test_api.py python/tests/test_alerts.py
         say "the dashboard in a real browser, on two replicas (PostgreSQL + S3)"
         RELAUNCH_TEST_SERVERS=replicas scripts/browser-test.sh "$VENV/bin/relaunch" "$PY"
     elif [ -n "${CI:-}" ]; then

@@ -101,6 +101,10 @@ def init(
     return run
 
 
+#: The levels of :meth:`Run.alert`.
+ALERT_LEVELS = ("info", "warn", "error")
+
+
 class Run:
     """An open run of this process. Create it with :func:`relaunch.init`.
 
@@ -168,6 +172,24 @@ class Run:
     def event(self, kind: str, text: str = "", data: Mapping[str, object] | None = None) -> None:
         """Record an event of the run (``text`` says what happened, ``data`` adds detail)."""
         self._native.event(kind, text, None if data is None else json.dumps(_plain(data, "data")))
+
+    def alert(self, title: str, text: str = "", level: str = "warn") -> None:
+        """Raise an alert: the server posts it to its webhooks (``relaunch server
+        --webhook URL``) and records the delivery as an event of the run.
+
+        ``level`` is ``"info"``, ``"warn"`` or ``"error"``. Like :meth:`log`,
+        it never waits for the network: the alert is spooled, and posted once
+        the server has it.
+        """
+        if not isinstance(title, str) or not title.strip():
+            raise ValueError("alert() needs a title: a short line saying what happened")
+        if not isinstance(text, str):
+            raise TypeError(f"alert() text must be a str, not {type(text).__name__}")
+        if level not in ALERT_LEVELS:
+            raise ValueError(
+                f"alert() level {level!r} is not one of {', '.join(map(repr, ALERT_LEVELS))}"
+            )
+        self._native.event("alert", text, json.dumps({"title": title, "level": level}))
 
     def save_file(self, path: str | os.PathLike[str], name: str | None = None) -> str:
         """Saves the file at ``path`` to the run as ``name`` (a relative path such

@@ -304,7 +304,19 @@ pub(crate) async fn ingest(
         .records
         .iter()
         .any(|(_, r)| matches!(r, relaunch_api::Record::Log { .. }));
-    let ack = blocking(&state.storage, move |s| s.ingest(&id, &batch, now())).await?;
+    let alerts = state.alerts.clone();
+    let ack = blocking(&state.storage, move |s| match alerts {
+        None => s.ingest(&id, &batch, now()),
+        Some(alerts) => {
+            // Only records above the old watermark raise alerts: a batch
+            // sent again raises nothing twice.
+            let old = s.watermark(&id, &batch.writer)?;
+            let ack = s.ingest(&id, &batch, now())?;
+            alerts.raise(s, &id, &batch, old);
+            Ok(ack)
+        }
+    })
+    .await?;
     if has_logs {
         state.logs_changed.send_modify(|n| *n = n.wrapping_add(1));
     }

@@ -3,6 +3,7 @@
 //! guards with a token where needed, and stops cleanly: requests in flight
 //! finish and every queued write commits before it returns.
 
+pub mod alerts;
 mod api;
 mod body;
 mod conn;
@@ -55,6 +56,8 @@ pub struct AppState {
     body_budget: body::BodyBudget,
     /// What answers not yet sent may hold together (`reads.rs`).
     max_response_memory: usize,
+    /// Webhooks and rules (`alerts/`), when the server was given any.
+    alerts: Option<Arc<alerts::Alerts>>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -88,6 +91,7 @@ impl AppState {
             heavy_reads: reads::HeavyReads::new(storage::sqlite::DEFAULT_MAX_READERS),
             body_budget: body::BodyBudget::new(DEFAULT_MAX_BODY_MEMORY.max(max_request_bytes)),
             max_response_memory: DEFAULT_MAX_RESPONSE_MEMORY,
+            alerts: None,
         }
     }
 
@@ -119,6 +123,13 @@ impl AppState {
     #[must_use]
     pub fn with_max_body_memory(mut self, bytes: usize) -> Self {
         self.body_budget = body::BodyBudget::new(bytes.max(self.max_request_bytes));
+        self
+    }
+
+    /// Posts alerts to webhooks (`--webhook`, `--alert`).
+    #[must_use]
+    pub fn with_alerts(mut self, alerts: Arc<alerts::Alerts>) -> Self {
+        self.alerts = Some(alerts);
         self
     }
 
@@ -276,7 +287,15 @@ pub async fn serve_with(
     limits: ConnLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    conn::serve(listener, router(state), limits, shutdown).await
+    let deliveries = match &state.alerts {
+        Some(alerts) => alerts::spawn_delivery(alerts, &state.storage),
+        None => Vec::new(),
+    };
+    let served = conn::serve(listener, router(state), limits, shutdown).await;
+    for task in deliveries {
+        task.abort();
+    }
+    served
 }
 
 #[cfg(test)]

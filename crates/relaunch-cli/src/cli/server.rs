@@ -94,6 +94,30 @@ pub struct ServerArgs {
     /// and more wait their turn without holding a thread, and writes never wait for reads.
     #[arg(long, default_value_t = relaunch_server::storage::sqlite::DEFAULT_MAX_READERS, value_name = "N")]
     pub max_readers: usize,
+
+    /// Post alerts to this URL (repeatable): runs that fail, hang, are preempted or finish,
+    /// stragglers, run.alert() calls, and --alert rules. Slack's shape ({"text": ...}) for
+    /// hooks.slack.com or slack=URL, the alert's fields as JSON otherwise (or json=URL).
+    #[arg(long, value_parser = check_webhook, value_name = "[slack=|json=]URL")]
+    pub webhook: Vec<String>,
+
+    /// Alert when a metric crosses a rule (repeatable), once per run and attempt: "loss is
+    /// nan", "loss is inf", "loss is not finite", or "KEY OP NUMBER" with OP one of > >= < <=
+    /// == != (e.g. "loss > 10"). Needs --webhook.
+    #[arg(long, value_parser = check_rule, value_name = "RULE")]
+    pub alert: Vec<String>,
+}
+
+fn check_webhook(given: &str) -> Result<String, String> {
+    given
+        .parse::<relaunch_server::alerts::Webhook>()
+        .map(|_| given.to_owned())
+}
+
+fn check_rule(given: &str) -> Result<String, String> {
+    given
+        .parse::<relaunch_server::alerts::Rule>()
+        .map(|_| given.to_owned())
 }
 
 impl Default for ServerArgs {
@@ -115,6 +139,8 @@ impl Default for ServerArgs {
             idle_timeout: relaunch_server::DEFAULT_IDLE_TIMEOUT,
             max_connections: relaunch_server::DEFAULT_MAX_CONNECTIONS,
             max_readers: relaunch_server::storage::sqlite::DEFAULT_MAX_READERS,
+            webhook: Vec::new(),
+            alert: Vec::new(),
         }
     }
 }

@@ -65,10 +65,13 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         let (files, files_place) = open_files(args, durability)?;
         let opened = open_storage(args, durability)?;
         let storage = opened.storage.clone();
-        let state = AppState::new(storage, files, token, args.max_request_bytes)
+        let mut state = AppState::new(storage, files, token, args.max_request_bytes)
             .with_max_readers(args.max_readers)
             .with_max_body_memory(args.max_body_memory)
             .with_max_response_memory(args.max_response_memory);
+        if let Some(alerts) = open_alerts(args, durability)? {
+            state = state.with_alerts(alerts);
+        }
         output::status(&format!(
             "relaunch server: http://{addr} ({}{files_place})",
             opened.place
@@ -83,6 +86,42 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         tracing::info!("stopped");
         Ok(0)
     })
+}
+
+/// The alerts of `--webhook` and `--alert`, with their outbox in the data
+/// directory; none without a webhook.
+fn open_alerts(
+    args: &ServerArgs,
+    durability: Durability,
+) -> anyhow::Result<Option<std::sync::Arc<relaunch_server::alerts::Alerts>>> {
+    use relaunch_server::alerts::{AlertConfig, Alerts};
+    if args.webhook.is_empty() {
+        if let Some(rule) = args.alert.first() {
+            bail!("--alert {rule:?} has nowhere to post: add --webhook URL");
+        }
+        return Ok(None);
+    }
+    let config = AlertConfig {
+        webhooks: args
+            .webhook
+            .iter()
+            .map(|g| g.parse())
+            .collect::<Result<_, String>>()
+            .map_err(anyhow::Error::msg)?,
+        rules: args
+            .alert
+            .iter()
+            .map(|g| g.parse())
+            .collect::<Result<_, String>>()
+            .map_err(anyhow::Error::msg)?,
+    };
+    let alerts = Alerts::open(config, &args.data_dir, durability).with_context(|| {
+        format!(
+            "cannot open the alert outbox in {}",
+            args.data_dir.join("alerts").display()
+        )
+    })?;
+    Ok(Some(alerts))
 }
 
 /// The storage the server runs on, and where its data is, for the start line.

@@ -59,7 +59,7 @@ impl SqliteTransfer {
         .map_err(|e| not_ours(&e))?;
         conn.execute_batch("PRAGMA busy_timeout=10000; BEGIN")
             .map_err(|e| not_ours(&e))?;
-        let found = super::schema::version(&conn)?;
+        let found = super::schema::version(&conn).map_err(|e| not_ours(&e))?;
         if found > super::SCHEMA_VERSION {
             return Err(super::schema::too_new(&path, found));
         }
