@@ -56,7 +56,9 @@ impl FromStr for Webhook {
             ));
         }
         let Some(host) = parsed.host_str() else {
-            return Err(format!("--webhook {given:?} has no host; give http(s)://HOST/PATH"));
+            return Err(format!(
+                "--webhook {given:?} has no host; give http(s)://HOST/PATH"
+            ));
         };
         let format = format.unwrap_or(if host == "hooks.slack.com" {
             Format::Slack
@@ -248,7 +250,9 @@ mod tests {
 
     #[test]
     fn webhooks_take_a_shape_and_refuse_what_cannot_be_posted_to() {
-        let hook: Webhook = "https://hooks.slack.com/services/T/B/secret".parse().unwrap();
+        let hook: Webhook = "https://hooks.slack.com/services/T/B/secret"
+            .parse()
+            .unwrap();
         assert_eq!(hook.format, Format::Slack);
         assert_eq!(hook.shown(), "https://hooks.slack.com");
         let hook: Webhook = "http://127.0.0.1:9000/in?key=s".parse().unwrap();

@@ -66,7 +66,12 @@ async fn drop_unknown(alerts: Arc<Alerts>) {
         return;
     };
     for p in pending {
-        if !alerts.config.webhooks.iter().any(|w| w.url == p.delivery.url) {
+        if !alerts
+            .config
+            .webhooks
+            .iter()
+            .any(|w| w.url == p.delivery.url)
+        {
             tracing::warn!(
                 title = %p.delivery.title,
                 "dropped an alert for a webhook this server was not started with"

@@ -146,7 +146,13 @@ impl Alerts {
     /// just stored in `run`), writing them to the outbox. Runs on a
     /// blocking thread after the batch is stored. Never fails the batch: a
     /// failure to write is logged.
-    pub(crate) fn raise(&self, storage: &dyn Storage, run: &str, batch: &Batch, old_watermark: u64) {
+    pub(crate) fn raise(
+        &self,
+        storage: &dyn Storage,
+        run: &str,
+        batch: &Batch,
+        old_watermark: u64,
+    ) {
         let alerts = self.collect(run, batch, old_watermark);
         if alerts.is_empty() {
             return;
@@ -175,7 +181,9 @@ impl Alerts {
                              have not taken (are they down?)"
                         );
                     }
-                    Err(e) => tracing::error!(run, error = %e, "cannot write an alert to the outbox"),
+                    Err(e) => {
+                        tracing::error!(run, error = %e, "cannot write an alert to the outbox")
+                    }
                 }
             }
         }
@@ -285,7 +293,9 @@ impl Alerts {
             Ok(_) => {
                 recorded.insert(delivery.run.clone(), seq);
             }
-            Err(e) => tracing::warn!(run = %delivery.run, error = %e, "cannot record an alert's delivery"),
+            Err(e) => {
+                tracing::warn!(run = %delivery.run, error = %e, "cannot record an alert's delivery")
+            }
         }
     }
 }
@@ -325,11 +335,7 @@ fn shape(format: Format, alert: &Alert, run: &str, info: Option<&RunInfo>) -> Va
     };
     match format {
         Format::Slack => {
-            let mut text = format!(
-                "{} *{}* in run `{shown}`",
-                alert.level.mark(),
-                alert.title
-            );
+            let mut text = format!("{} *{}* in run `{shown}`", alert.level.mark(), alert.title);
             if !alert.text.is_empty() {
                 text.push_str("\n```");
                 text.push_str(&cut(&alert.text));
