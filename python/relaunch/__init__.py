@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from relaunch.api import Api
     from relaunch.checkpoint import Checkpoint, Checkpointer
     from relaunch.files import download, upload_file
+    from relaunch.media import Histogram, Image
     from relaunch.processes import start_processes
     from relaunch.sampler import InterruptibleSampler
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 # that never checkpoints or uploads should not pay for importing those.
 _LAZY = {
     "Api": "relaunch.api",
+    "Histogram": "relaunch.media",
+    "Image": "relaunch.media",
     "Checkpoint": "relaunch.checkpoint",
     "Checkpointer": "relaunch.checkpoint",
     "InterruptibleSampler": "relaunch.sampler",
@@ -67,6 +70,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Checkpointer",
+    "Histogram",
+    "Image",
     "InterruptibleSampler",
     "ProcessStartError",
     "QueueEmptyError",

@@ -347,6 +347,42 @@ class RunRecord:
         cause, restart, finish, alerts), oldest first."""
         return self._api._get(f"reading the events of run {self.id}", f"/runs/{self.id}/events")
 
+    def media(self, key: str | None = None) -> list[dict[str, Any]]:
+        """The images logged (of ``key`` only, when given), oldest first:
+        ``{"key", "step", "file", "format", "width", "height", "caption",
+        "attempt", "wall"}``; :meth:`image` reads one."""
+        return self._logged("media", key)
+
+    def histograms(self, key: str | None = None) -> list[dict[str, Any]]:
+        """The histograms logged (of ``key`` only, when given), oldest first:
+        ``{"key", "step", "counts", "edges", "nonfinite", "attempt", "wall"}``."""
+        return self._logged("histogram", key)
+
+    def _logged(self, kind: str, key: str | None) -> list[dict[str, Any]]:
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key is a str, not {type(key).__name__}")
+        out = []
+        for event in self.events():
+            data = event.get("data")
+            if event["kind"] != kind or not isinstance(data, dict):
+                continue
+            if key is None or data.get("key") == key:
+                out.append({**data, "attempt": event["attempt"], "wall": event["wall"]})
+        return out
+
+    def image(self, entry: dict[str, Any] | str) -> bytes:
+        """The encoded bytes (PNG, JPEG or GIF) of an image :meth:`media`
+        listed, or of its ``file``; ``PIL.Image.open(io.BytesIO(...))`` opens
+        them."""
+        name = entry["file"] if isinstance(entry, dict) else entry
+        if not isinstance(name, str) or not name.startswith("media/"):
+            raise ValueError(f"{name!r} is not an image file of the run (one media() lists)")
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="relaunch-image-") as tmp:
+            path = self.download(name, Path(tmp) / "image")
+            return path.read_bytes()
+
     def logs(self, rank: int | None = None) -> list[dict[str, Any]]:
         """Every console line of the run (of one rank when given), oldest
         first: ``{"id", "rank", "stream", "attempt", "wall", "text"}``."""

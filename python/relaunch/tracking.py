@@ -101,6 +101,31 @@ def init(
     return run
 
 
+def _holds_media(values: Mapping[str, object]) -> bool:
+    from relaunch.media import is_media
+
+    return any(is_media(v) or (isinstance(v, Mapping) and _holds_media(v)) for v in values.values())
+
+
+def _split_media(
+    values: Mapping[str, object], prefix: str, numbers: dict[str, object], media: dict[str, object]
+) -> None:
+    """Numbers and media apart, nested dicts' keys joined with ``/`` (as
+    :meth:`Run.log` names them)."""
+    from relaunch.media import is_media
+
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise TypeError(f"a logged name is a str, not {type(key).__name__}")
+        name = prefix + key
+        if is_media(value):
+            media[name] = value
+        elif isinstance(value, Mapping) and _holds_media(value):
+            _split_media(value, name + "/", numbers, media)
+        else:
+            numbers[name] = value
+
+
 #: The levels of :meth:`Run.alert`.
 ALERT_LEVELS = ("info", "warn", "error")
 
@@ -161,6 +186,8 @@ class Run:
         try:
             return self._log(values, step)
         except TypeError:
+            if isinstance(values, Mapping) and _holds_media(values):
+                return self._log_media(values, step)
             if isinstance(values, Mapping) and not isinstance(values, dict):
                 return self._log(dict(values), step)
             if not isinstance(values, Mapping):
@@ -172,6 +199,46 @@ class Run:
     def event(self, kind: str, text: str = "", data: Mapping[str, object] | None = None) -> None:
         """Record an event of the run (``text`` says what happened, ``data`` adds detail)."""
         self._native.event(kind, text, None if data is None else json.dumps(_plain(data, "data")))
+
+    def _log_media(self, values: Mapping[str, object], step: int | None) -> int:
+        """:meth:`log` of values some of which are :class:`relaunch.Image` or
+        :class:`relaunch.Histogram`: the numbers as usual, then each image
+        saved as a file of the run with a ``media`` event at the same step,
+        and each histogram as a ``histogram`` event."""
+        import tempfile
+
+        from relaunch.media import Image
+
+        numbers: dict[str, object] = {}
+        media: dict[str, object] = {}
+        _split_media(values, "", numbers, media)
+        used = self._log(numbers, step)
+        for key, item in media.items():
+            if isinstance(item, Image):
+                name = f"media/{key}/{used}-{item.digest}.{item.format}"
+                fd, tmp = tempfile.mkstemp(prefix=".media-", dir=os.path.dirname(self.dir))
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(item.data)
+                    self._native.save_file(tmp, name, True)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                data = {
+                    "key": key,
+                    "step": used,
+                    "type": "image",
+                    "file": name,
+                    "format": item.format,
+                    "width": item.width,
+                    "height": item.height,
+                    "caption": item.caption,
+                }
+                self._native.event("media", "", json.dumps(data))
+            else:
+                data = {"key": key, "step": used, **item.data()}  # type: ignore[attr-defined]
+                self._native.event("histogram", "", json.dumps(data))
+        return used
 
     def alert(self, title: str, text: str = "", level: str = "warn") -> None:
         """Raise an alert: the server posts it to its webhooks (``relaunch server

@@ -281,6 +281,67 @@ print(run.id)
   assert.deepEqual(w.errors, []);
 });
 
+test('images and histograms: a panel per key with a step slider, runs side by side', async (t) => {
+  const w = await World.start(t);
+  const log = (name, colors) => w.python(`
+import numpy, relaunch
+run = relaunch.init("media", name=${JSON.stringify(name)})
+for step, color in enumerate(${JSON.stringify(colors)}):
+    image = numpy.zeros((8, 8, 3), dtype=numpy.uint8)
+    image[:, :] = color
+    run.log({"loss": 1.0 / (step + 1), "samples": relaunch.Image(image, caption=f"color {step}"),
+             "weights": relaunch.Histogram(numpy.arange(10.0) * (step + 1))}, step=step * 10)
+run.finish(timeout=60)
+print(run.id)
+`);
+  const a = log('rgb', [[255, 0, 0], [0, 255, 0], [0, 0, 255]]);
+  const b = log('gray', [[40, 40, 40], [90, 90, 90], [200, 200, 200]]);
+  const page = await w.page();
+  /** The pixel at the middle of the image shown (of `run` when given). */
+  const shown = (run) => page.evaluate(async (run) => {
+    const scope = run ? document.querySelector(`.media-run[data-run="${run}"]`) : document;
+    const img = scope.querySelector('section[data-key="samples"] img.media-image');
+    if (!img || !img.complete || !img.naturalWidth) return null;
+    const c = document.createElement('canvas');
+    c.width = img.naturalWidth; c.height = img.naturalHeight;
+    const g = c.getContext('2d');
+    g.drawImage(img, 0, 0);
+    return { step: Number(img.dataset.step), rgb: [...g.getImageData(4, 4, 1, 1).data.slice(0, 3)] };
+  }, run);
+  const slide = (to) => page.$eval('section[data-key="samples"] input[type=range]', (el, to) => {
+    el.value = String(to);
+    el.dispatchEvent(new Event('input'));
+  }, to);
+
+  await page.goto(`${w.url}/runs/${a}?tab=media`);
+  await page.waitForSelector('section[data-key="samples"]');
+  // The newest step first; the slider goes back to each earlier one.
+  await until(async () => JSON.stringify(await shown()) === JSON.stringify({ step: 20, rgb: [0, 0, 255] }), 'the last image');
+  await slide(0);
+  await until(async () => JSON.stringify(await shown()) === JSON.stringify({ step: 0, rgb: [255, 0, 0] }), 'the first image');
+  assert.match(await page.textContent('section[data-key="samples"] figcaption'), /color 0 · step 0/);
+  await slide(1);
+  await until(async () => JSON.stringify(await shown()) === JSON.stringify({ step: 10, rgb: [0, 255, 0] }), 'the middle image');
+  // The histogram's bars, at the step chosen for it.
+  const bars = await page.$$eval('section[data-key="weights"] svg.histogram rect', (rs) => rs.length);
+  assert.equal(bars, 64);
+  // Media are not listed among the events.
+  await w.screenshot(page, 'run-media');
+  await page.click('nav.tabs a[data-tab="events"]');
+  await page.waitForSelector('ol.events li');
+  assert.deepEqual(await page.$$eval('ol.events li[data-kind="media"]', (l) => l.length), 0);
+
+  // Compared: each run's image at the chosen step, side by side.
+  await page.goto(`${w.url}/compare?runs=${a},${b}`);
+  await page.waitForSelector('section[data-key="samples"] .media-run');
+  await until(async () => JSON.stringify(await shown(b)) === JSON.stringify({ step: 20, rgb: [200, 200, 200] }), 'run b at the last step');
+  await slide(0);
+  await until(async () => JSON.stringify(await shown(a)) === JSON.stringify({ step: 0, rgb: [255, 0, 0] }), 'run a at step 0');
+  await until(async () => JSON.stringify(await shown(b)) === JSON.stringify({ step: 0, rgb: [40, 40, 40] }), 'run b at step 0');
+  await w.screenshot(page, 'compare-media');
+  assert.deepEqual(w.errors, []);
+});
+
 test('with a token the page asks for it once, remembers it, and downloads with it', async (t) => {
   const w = await World.start(t, { token: 's3cret-token' });
   const src = join(w.dir, 'a.txt');

@@ -4,6 +4,7 @@
 import uPlot from './vendor/uplot/uPlot.esm.js';
 import { api } from './api.js';
 import { Chart, columns, fetchSeries, smooth } from './chart.js';
+import { compareMedia } from './media.js';
 import {
   PALETTE, crumbs, flatten, fmtValue, h, isLive, listParam, query, setQuery, showError, statusBadge,
 } from './util.js';
@@ -46,10 +47,11 @@ export function comparePage(root) {
   const picker = h('details', { class: 'chooser' }, h('summary', {}, 'Metrics'));
   const grid = h('div', { class: 'charts' });
   const diff = h('div', { class: 'diff' });
+  const media = h('div', { class: 'media-panels' });
   root.append(message, legend,
     h('div', { class: 'bar chart-controls' }, h('label', {}, 'x ', xIn), h('label', {}, 'smoothing ', smoothIn, smoothOut),
       h('label', {}, logIn, ' log scale'), resetZoom, h('span', { class: 'spacer' }), picker),
-    grid, h('h3', {}, 'Params'), diff);
+    grid, media, h('h3', {}, 'Params'), diff);
 
   if (!ids.length) {
     message.replaceChildren(h('p', { class: 'empty' }, 'No runs chosen: select runs in the ', h('a', { href: '/' }, 'runs table'), ' and press Compare.'));
@@ -176,6 +178,7 @@ export function comparePage(root) {
       renderLegend();
       renderDiff();
       await rebuild();
+      await compareMedia(media, runs, controller.signal);
     } catch (err) {
       showError(message, err);
     }

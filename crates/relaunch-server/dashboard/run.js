@@ -5,6 +5,7 @@
 import { api, fileUrl, qs } from './api.js';
 import { Chart, columns, fetchSeries, markerPositions, smooth } from './chart.js';
 import { logsView } from './logs.js';
+import { mediaView } from './media.js';
 import {
   crumbs, flatten, fmtAgo, fmtBytes, fmtTime, fmtValue, h, isLive, listParam, query, setQuery,
   showError, statusBadge,
@@ -12,7 +13,9 @@ import {
 
 const LIVE_MS = 2000;
 const IDLE_MS = 15000;
-const TABS = ['charts', 'system', 'logs', 'events', 'files', 'params'];
+const TABS = ['charts', 'system', 'media', 'logs', 'events', 'files', 'params'];
+// Listed in the media tab, not among the events.
+const MEDIA_KINDS = new Set(['media', 'histogram']);
 const MAX_DEFAULT_CHARTS = 24;
 
 export function runPage(root, id) {
@@ -64,6 +67,7 @@ export function runPage(root, id) {
     const make = {
       charts: () => chartsView(body, ctx, { system: false }),
       system: () => chartsView(body, ctx, { system: true }),
+      media: () => mediaView(body, ctx),
       logs: () => logsView(body, ctx),
       events: () => eventsView(body, ctx),
       files: () => filesView(body, ctx),
@@ -261,11 +265,12 @@ function eventsView(root, ctx) {
   function render() {
     if (ctx.events.length === shown) return;
     shown = ctx.events.length;
-    if (!ctx.events.length) {
+    const events = ctx.events.filter((e) => !MEDIA_KINDS.has(e.kind));
+    if (!events.length) {
       list.replaceChildren(h('p', { class: 'empty' }, 'No events. `relaunch run --server URL` records starts, restarts and failures.'));
       return;
     }
-    list.replaceChildren(...ctx.events.map((e) => {
+    list.replaceChildren(...events.map((e) => {
       const failure = e.kind === 'failed' || e.kind === 'worker_failed' || e.kind === 'hang';
       const [first, ...rest] = (e.text || '').split('\n');
       const hasData = e.data && typeof e.data === 'object' && Object.keys(e.data).length > 0;

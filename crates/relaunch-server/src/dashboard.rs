@@ -47,6 +47,7 @@ static ASSETS: &[Asset] = &[
     asset!("chart.js", JS),
     asset!("compare.js", JS),
     asset!("logs.js", JS),
+    asset!("media.js", JS),
     asset!("run.js", JS),
     asset!("runs.js", JS),
     asset!("util.js", JS),

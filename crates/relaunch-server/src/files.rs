@@ -390,7 +390,11 @@ pub(crate) async fn download(
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
+        HeaderValue::from_static(content_type(&name)),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
     );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
@@ -410,6 +414,20 @@ pub(crate) async fn download(
         h.insert(header::CONTENT_RANGE, v);
     }
     Ok(response)
+}
+
+/// What a file is served as: the images the dashboard shows (logged with
+/// `relaunch.Image`) as the image they are; anything else as bytes, to be
+/// downloaded, never rendered (no HTML or SVG a run could use to script
+/// the dashboard's origin).
+fn content_type(name: &str) -> &'static str {
+    let lower = name.rsplit('.').next().unwrap_or("").to_ascii_lowercase();
+    match lower.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        _ => "application/octet-stream",
+    }
 }
 
 /// Bytes `start..=end` of a file, read one chunk at a time off the async
