@@ -384,12 +384,41 @@ class Bench:
         self.add(Row(name, "points/s", "higher", rates["relaunch"], "mlflow log_batch",
                      rates["mlflow"]))  # fmt: skip
 
+    # --- many runs' summaries ---------------------------------------------
+
+    def summaries(self, mlflow_url: str) -> None:
+        a = self.a
+        server = RelaunchServer(self.tmp("summaries-data"), durability="process")
+        try:
+            for py, side, url in (
+                (OURS_PY, "relaunch", server.url),
+                (PEER_PY, "mlflow", mlflow_url),
+            ):
+                loaded = run_json(cmd(py, "load-runs", side=side, url=url, run="sweep",
+                                      runs=a.runs, dir=self.tmp("runs")))  # fmt: skip
+                print(f"  loaded {a.runs:,} runs into {side} in {loaded['total_s']:.1f} s")
+            results: dict[str, list[dict]] = {"relaunch": [], "mlflow": []}
+            for _ in range(a.repeat):
+                for py, side, url in ((OURS_PY, "relaunch", server.url),
+                                      (PEER_PY, "mlflow", mlflow_url)):  # fmt: skip
+                    results[side].append(run_json(cmd(py, "summaries", side=side, url=url,
+                                                      run="sweep", runs=a.runs)))  # fmt: skip
+        finally:
+            server.stop()
+        self.extra["summaries"] = results
+        samples = {s: [r["median_ms"] for r in results[s]] for s in results}
+        ours, theirs = (statistics.median(samples[s]) for s in ("relaunch", "mlflow"))
+        self.add(Row(f"{a.runs:,} runs' configs and summaries (Api.runs + .summary)", "ms",
+                     "lower", ours, "mlflow search_runs into a DataFrame", theirs,
+                     samples=samples, target="< 1,000 ms", met=ours < 1000))  # fmt: skip
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one repeat of small sizes")
-    p.add_argument("--only", default="log,ingest,read", help="figures to measure")
+    p.add_argument("--only", default="log,ingest,read,summaries", help="figures to measure")
+    p.add_argument("--runs", type=int, default=1000, help="runs whose summaries are read")
     p.add_argument("--log-calls", type=int, default=200_000, help="relaunch run.log calls")
     p.add_argument("--peer-log-calls", type=int, default=20_000, help="wandb run.log calls")
     p.add_argument("--mlflow-log-calls", type=int, default=200, help="mlflow, synchronous")
@@ -413,6 +442,7 @@ def main() -> None:
         a.mlflow_async_calls = 1_000
         a.steps, a.mlflow_steps = 5_000, 250
         a.points, a.mlflow_points = 1_000_000, 100_000
+        a.runs = 200
     if not PEER_PY.exists():
         raise SystemExit(f"{PEER_PY} is missing: run `bash bench/tracking/setup.sh` first")
     only = set(a.only.split(","))
@@ -435,6 +465,8 @@ def main() -> None:
             bench.ingest(ours.url, mlflow.url)
         if "read" in only:
             bench.reads(mlflow.url)
+        if "summaries" in only:
+            bench.summaries(mlflow.url)
     finally:
         for server in (ours, mlflow):
             if server is not None:

@@ -376,6 +376,81 @@ def cmd_read(a: argparse.Namespace) -> None:
     )
 
 
+# --- many runs' summaries -------------------------------------------------
+
+
+def cmd_load_runs(a: argparse.Namespace) -> None:
+    """`--runs` finished runs in project (experiment) `--run`, each with a
+    config of 3 values and `--keys` metrics over 10 steps."""
+    started = time.monotonic()
+    keys = [f"metric_{k}" for k in range(a.keys)]
+    if a.side == "relaunch":
+        import relaunch
+
+        for i in range(a.runs):
+            config = {"lr": 10 ** -(i % 5), "seed": i, "depth": 4 + i % 3}
+            run = relaunch.init(project=a.run, id=f"{a.run}-{i}", server=a.url, dir=a.dir,
+                                config=config)  # fmt: skip
+            for step in range(10):
+                run.log({k: i + step / 10 + j for j, k in enumerate(keys)}, step=step)
+            run.finish(timeout=600)
+    elif a.side == "mlflow":
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(a.url)
+        exp = client.get_experiment_by_name(a.run)
+        exp_id = exp.experiment_id if exp else client.create_experiment(a.run)
+        wall = int(time.time() * 1000)
+        for i in range(a.runs):
+            run_id = client.create_run(exp_id).info.run_id
+            params = [Param("lr", str(10 ** -(i % 5))), Param("seed", str(i)),
+                      Param("depth", str(4 + i % 3))]  # fmt: skip
+            metrics = [Metric(k, i + step / 10 + j, wall, step)
+                       for step in range(10) for j, k in enumerate(keys)]  # fmt: skip
+            client.log_batch(run_id, metrics=metrics, params=params)
+            client.set_terminated(run_id)
+    else:
+        raise SystemExit(f"unknown side {a.side}")
+    out({"runs": a.runs, "total_s": time.monotonic() - started})
+
+
+def cmd_summaries(a: argparse.Namespace) -> None:
+    """Every run of project `--run` with its config and newest metric values,
+    as each library's users read them: `relaunch.Api().runs()` and each
+    run's `.summary`; MLflow's `search_runs` (a DataFrame with `metrics.*`
+    and `params.*` columns)."""
+    if a.side == "relaunch":
+        import relaunch
+
+        api = relaunch.Api(a.url, timeout=600)
+
+        def read() -> int:
+            rows = [(r.id, r.config, r.summary) for r in api.runs(a.run)]
+            assert all(len(s) == a.keys for _, _, s in rows), rows[:1]
+            return len(rows)
+    elif a.side == "mlflow":
+        import mlflow
+
+        mlflow.set_tracking_uri(a.url)
+        exp_id = mlflow.get_experiment_by_name(a.run).experiment_id
+
+        def read() -> int:
+            frame = mlflow.search_runs(experiment_ids=[exp_id], max_results=100_000)
+            return len(frame)
+    else:
+        raise SystemExit(f"unknown side {a.side}")
+    samples = []
+    returned = 0
+    for _ in range(a.reads):
+        t0 = time.perf_counter_ns()
+        returned = read()
+        samples.append(time.perf_counter_ns() - t0)
+    assert returned == a.runs, (returned, a.runs)
+    out({"median_ms": sorted(samples)[len(samples) // 2] / 1e6,
+         "samples_ms": [x / 1e6 for x in samples], "returned": returned})  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -399,6 +474,13 @@ def main() -> None:
     s.add_argument("--points", type=int, default=1_000_000)
     s.add_argument("--buckets", type=int, default=1000)
     s.add_argument("--reads", type=int, default=10)
+    s = sub.add_parser("load-runs", parents=[common])
+    s.add_argument("--runs", type=int, default=1000)
+    s.add_argument("--keys", type=int, default=5)
+    s = sub.add_parser("summaries", parents=[common])
+    s.add_argument("--runs", type=int, default=1000)
+    s.add_argument("--keys", type=int, default=5)
+    s.add_argument("--reads", type=int, default=5)
     s = sub.add_parser("mlflow-run", parents=[common])
     s.add_argument("--experiment", default="bench")
     a = p.parse_args()
@@ -409,6 +491,8 @@ def main() -> None:
         "load": cmd_load,
         "read": cmd_read,
         "mlflow-run": cmd_mlflow_run,
+        "load-runs": cmd_load_runs,
+        "summaries": cmd_summaries,
     }[a.cmd](a)
 
 

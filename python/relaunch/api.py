@@ -210,6 +210,7 @@ class Api:
         if limit is not None and not local:
             query.append(("limit", str(limit)))
         infos = self._get("listing runs", "/runs", query)
+        listing = _Listing(self, [(k, v) for k, v in query if k != "limit"])
         summaries: dict[str, dict[str, float]] = {}
         for key in dict.fromkeys(summary_keys):
             rows = self._get(
@@ -221,7 +222,7 @@ class Api:
                 summaries.setdefault(row["run"], {})[key] = _number(row["value"])
         runs = []
         for info in infos:
-            record = RunRecord(self, info)
+            record = RunRecord(self, info, listing)
             ok = True
             for name, condition in local:
                 if name == "status":
@@ -253,8 +254,9 @@ class RunRecord:
     them again. ``config`` is the run's config, ``summary`` the newest value
     of each metric."""
 
-    def __init__(self, api: Api, info: Mapping[str, Any]) -> None:
+    def __init__(self, api: Api, info: Mapping[str, Any], listing: _Listing | None = None) -> None:
         self._api = api
+        self._listing = listing
         self._set(info)
 
     def _set(self, info: Mapping[str, Any]) -> None:
@@ -275,11 +277,18 @@ class RunRecord:
 
     def refresh(self) -> RunRecord:
         self._set(self._api._get(f"reading run {self.id}", f"/runs/{self.id}"))
+        self._listing = None
         return self
 
     @property
     def summary(self) -> dict[str, float]:
-        """The newest value of each metric (of the lowest rank that logged it)."""
+        """The newest value of each metric (of the lowest rank that logged it).
+
+        For runs from one :meth:`Api.runs` call, the first ``summary`` read
+        fetches every listed run's at once (a few requests however many
+        runs), so reading all their summaries costs about what one does."""
+        if self._summary is None and self._listing is not None:
+            self._summary = self._listing.summary(self.id)
         if self._summary is None:
             latest = self._api._get(
                 f"reading the newest values of run {self.id}", f"/runs/{self.id}/latest"
@@ -410,6 +419,36 @@ class RunRecord:
         from relaunch.files import download
 
         return download(self.id, name, path, server=self._api.server, token=self._api.token).path
+
+
+class _Listing:
+    """The runs one :meth:`Api.runs` call selected on the server, whose
+    summaries are read together when the first is wanted: the metric names
+    of those runs (``/keys``), then the newest value of each in every run
+    (``/latest``, at most ``_LATEST_KEYS`` names a request)."""
+
+    _LATEST_KEYS = 100
+
+    def __init__(self, api: Api, query: list[tuple[str, str]]) -> None:
+        self._api = api
+        self._query = query
+        self._summaries: dict[str, dict[str, float]] | None = None
+
+    def summary(self, run: str) -> dict[str, float]:
+        if self._summaries is None:
+            keys = self._api._get("listing the runs' metrics", "/keys", self._query)
+            found: dict[str, dict[str, float]] = {}
+            for at in range(0, len(keys), self._LATEST_KEYS):
+                chunk = keys[at : at + self._LATEST_KEYS]
+                rows = self._api._get(
+                    "reading the runs' newest values",
+                    "/latest",
+                    [*self._query, *(("key", k) for k in chunk)],
+                )
+                for row in rows:
+                    found.setdefault(row["run"], {})[row["key"]] = _number(row["value"])
+            self._summaries = {run: dict(sorted(v.items())) for run, v in found.items()}
+        return dict(self._summaries.get(run, {}))
 
 
 def _columns(body: bytearray) -> list[tuple[str, int, Any, Any, Any, Any]]:

@@ -152,6 +152,37 @@ def test_runs_are_filtered_on_status_tags_config_and_summary(tracking_server, tm
     assert len(api.runs("sweep", {"config.lr": {"$lt": 1}}, limit=1)) == 1
 
 
+def test_the_summaries_of_a_listing_are_read_together_and_match_each_runs_own(
+    tracking_server, tmp_path, monkeypatch
+):
+    spool = tmp_path / "spool"
+    for i in range(12):
+        log_run(
+            tracking_server, spool, f"many-{i}", range(i + 1), project="many",
+            loss=lambda s, i=i: i * 100 + s, rank=i % 2,
+        )  # fmt: skip
+    log_run(tracking_server, spool, "elsewhere", range(3), project="other")
+    api = relaunch.Api(tracking_server.url)
+    calls = []
+    real_get = relaunch.api.Api._get
+
+    def counted(self, what, path, query=()):
+        calls.append(path)
+        return real_get(self, what, path, query)
+
+    monkeypatch.setattr(relaunch.api.Api, "_get", counted)
+    runs = api.runs("many")
+    summaries = {r.id: r.summary for r in runs}
+    # One listing, then the metric names and their newest values: not a
+    # request per run.
+    assert calls == ["/runs", "/keys", "/latest"], calls
+    for i in range(12):
+        assert summaries[f"many-{i}"]["loss"] == i * 100 + i
+    # The same as each run's own summary.
+    for run in runs:
+        assert api.run(run.id).summary == summaries[run.id]
+
+
 def test_events_files_and_downloads_of_a_run(tracking_server, tmp_path):
     log_run(tracking_server, tmp_path / "spool", "things", range(3))
     data = tmp_path / "weights.bin"
