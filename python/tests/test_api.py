@@ -278,3 +278,36 @@ def test_relaunch_export_writes_every_point_of_several_runs_as_csv(tracking_serv
     assert bad.returncode != 0 and "nope" in bad.stderr, bad.stderr
     bad = export("ex-1", "--key", "missing", "--server", tracking_server.url)
     assert bad.returncode != 0 and 'no metric "missing"' in bad.stderr, bad.stderr
+
+
+def test_relaunch_export_writes_parquet_that_reads_back_exactly(tracking_server, tmp_path):
+    import polars
+
+    spool = tmp_path / "spool"
+    odd = {0: math.nan, 2: math.inf, 4: -math.inf}
+    log_run(tracking_server, spool, "pq-1", range(6), acc=lambda s: odd.get(s, s / 7))
+    log_run(tracking_server, spool, "pq-2", range(3), rank=3)
+    target = tmp_path / "out" / "runs.parquet"
+    target.parent.mkdir()
+    out = export(
+        "pq-1", "pq-2", "--format", "parquet", "-o", target, "--server", tracking_server.url
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in target.parent.iterdir()) == ["runs.parquet"]
+    table = polars.read_parquet(target)
+    assert table.columns == ["run", "rank", "step", "key", "value", "wall", "attempt"]
+    assert table.schema["step"] == polars.Int64 and table.schema["rank"] == polars.UInt32
+    assert table.schema["value"] == polars.Float64 and table.schema["run"] == polars.String
+    csv = pd.read_csv(io.StringIO(export("pq-1", "pq-2", "--server", tracking_server.url).stdout))
+    assert table["run"].to_list() == csv["run"].tolist()
+    assert table["step"].to_list() == csv["step"].tolist()
+    assert table["key"].to_list() == csv["key"].tolist()
+    assert table["rank"].to_list() == csv["rank"].tolist() and 3 in table["rank"].to_list()
+    assert np.array_equal(table["value"].to_numpy(), csv["value"].to_numpy(), equal_nan=True)
+    assert table["wall"].to_list() == csv["wall"].tolist()
+    assert table["attempt"].to_list() == csv["attempt"].tolist()
+    # A failed export leaves no file, whole or partial.
+    missing = tmp_path / "out" / "missing.parquet"
+    bad = export("nope", "--format", "parquet", "-o", missing, "--server", tracking_server.url)
+    assert bad.returncode != 0 and "nope" in bad.stderr
+    assert sorted(p.name for p in target.parent.iterdir()) == ["runs.parquet"]

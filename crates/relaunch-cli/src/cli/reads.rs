@@ -214,9 +214,10 @@ pub enum MetricsFormat {
 /// Options of `relaunch export`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Args)]
 #[command(
-    after_help = "CSV columns: run,rank,step,key,value,wall,attempt, one row per point, \
-                  every point (never sampled); nan, inf and -inf as pandas reads them. Each step \
-                  holds the newest attempt's value unless --attempt names one."
+    after_help = "Columns: run,rank,step,key,value,wall,attempt, one row per point, every point \
+                  (never sampled). CSV writes nan, inf and -inf as pandas reads them; Parquet \
+                  keeps them as doubles, steps as int64. Each step holds the newest attempt's \
+                  value unless --attempt names one."
 )]
 pub struct ExportArgs {
     #[command(flatten)]
@@ -249,12 +250,18 @@ pub struct ExportArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "csv")]
     pub format: ExportFormat,
+
+    /// Write to this file (whole or not at all: a failed export leaves none) [default: stdout].
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ExportFormat {
     #[default]
     Csv,
+    /// Apache Parquet (Snappy), for pandas, polars, DuckDB, Spark.
+    Parquet,
 }
 
 /// Options of `relaunch sync`.
