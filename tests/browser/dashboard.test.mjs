@@ -281,6 +281,43 @@ print(run.id)
   assert.deepEqual(w.errors, []);
 });
 
+test('parallel coordinates: a line per run across params and a metric, brushing filters the table', async (t) => {
+  const w = await World.start(t);
+  w.python(`
+import relaunch
+for i in range(10):
+    run = relaunch.init("pc", name=f"r{i}", config={"lr": [0.1, 0.01, 0.001][i % 3], "opt": ["sgd", "adam"][i % 2]})
+    run.log({"loss": float(i)}, step=0)
+    run.finish(timeout=60)
+`);
+  const page = await w.page();
+  await page.goto(`${w.url}/?project=pc&cols=p:lr,p:opt,m:loss&pc=1`);
+  await page.waitForSelector('canvas.parallel-canvas[data-lines="10"]');
+  assert.deepEqual(await page.$$eval('.parallel-axis', (a) => a.map((x) => x.textContent)), ['lr', 'opt', 'loss']);
+  assert.match(await page.getAttribute('.parallel-axis[data-axis="p:lr"]', 'title'), /log scale/);
+  // Drag along the loss axis over its upper half: runs with loss 4.5 or more.
+  const box = await page.$eval('canvas.parallel-canvas', (c) => {
+    const r = c.getBoundingClientRect();
+    return { left: r.left, top: r.top, width: r.width, scale: r.width / c.width, canvasWidth: c.width };
+  });
+  const axisX = box.left + (box.canvasWidth - 60) * box.scale;
+  const yAt = (at) => box.top + 28 + (1 - at) * (260 - 28 - 24);
+  await page.mouse.move(axisX, yAt(1.02));
+  await page.mouse.down();
+  await page.mouse.move(axisX, yAt(0.7), { steps: 3 });
+  await page.mouse.move(axisX, yAt(0.5), { steps: 3 });
+  await page.mouse.up();
+  await until(async () => (await page.textContent('.count')).startsWith('5 of 10 runs'), 'the table filtered to the brushed runs');
+  const names = await shownRuns(page);
+  assert.deepEqual([...names].sort(), ['r5', 'r6', 'r7', 'r8', 'r9']);
+  assert.equal(await page.getAttribute('canvas.parallel-canvas', 'data-lines'), '5');
+  await w.screenshot(page, 'runs-parallel');
+  // A click on the axis clears its range.
+  await page.mouse.click(axisX, yAt(0.2));
+  await until(async () => (await page.textContent('.count')).startsWith('10 of 10 runs'), 'every run again');
+  assert.deepEqual(w.errors, []);
+});
+
 test('images and histograms: a panel per key with a step slider, runs side by side', async (t) => {
   const w = await World.start(t);
   const log = (name, colors) => w.python(`

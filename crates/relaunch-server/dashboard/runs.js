@@ -2,10 +2,12 @@
 // values) and a text filter in the page, columns of params and latest
 // metrics chosen by the person, sorting, selection for the compare view.
 // Rows are drawn only where they are visible, so 10,000 runs stay fast;
-// the latest metric values come in one request (`GET /latest`).
+// the latest metric values come in one request (`GET /latest`). Parallel
+// coordinates of the chosen columns (`parallel.js`) filter it by brushing.
 
 import { api, qs } from './api.js';
 import { markPainted } from './chart.js';
+import { parallelView } from './parallel.js';
 import {
   crumbs, debounce, flatten, fmtAgo, fmtNum, fmtTime, fmtValue, h, listParam, metricValue, query,
   setQuery, showError, statusBadge,
@@ -86,7 +88,11 @@ export function runsPage(root) {
   const table = h('table', { class: 'runs' }, colgroup, thead, tbody);
   const wrap = h('div', { class: 'table-wrap' }, table);
   wrap.addEventListener('scroll', () => renderRows(), { passive: true });
-  root.append(form, bar, message, wrap);
+  const parallel = parallelView({ onBrush: () => refilter() });
+  const parallelPanel = h('details', { class: 'parallel-panel', open: q.get('pc') === '1' },
+    h('summary', {}, 'Parallel coordinates'), parallel.el);
+  parallelPanel.addEventListener('toggle', () => { setQuery({ pc: parallelPanel.open ? '1' : '' }); refilter(); });
+  root.append(form, bar, message, parallelPanel, wrap);
 
   function applyFilters() {
     filter.project = projectIn.value.trim();
@@ -162,9 +168,15 @@ export function runsPage(root) {
 
   function refilter() {
     const needle = text.trim().toLowerCase();
-    shown = needle
+    const matching = needle
       ? runs.filter((r) => `${r.name} ${r.id} ${r.project} ${r.tags.join(' ')} ${r.notes}`.toLowerCase().includes(needle))
       : runs.slice();
+    if (parallelPanel.open) {
+      parallel.draw(matching, columns().filter((c) => c.kind === 'p' || c.kind === 'm'), cellValue);
+    }
+    shown = parallelPanel.open && parallel.active()
+      ? matching.filter((r) => parallel.keeps(r, cellValue))
+      : matching;
     const desc = sort.startsWith('-');
     const key = desc ? sort.slice(1) : sort;
     const vals = new Map(shown.map((r) => [r.id, cellValue(r, key)]));
@@ -326,6 +338,7 @@ export function runsPage(root) {
       alive = false;
       clearTimeout(timer);
       controller.abort();
+      parallel.dispose();
     },
   };
 }

@@ -48,6 +48,7 @@ static ASSETS: &[Asset] = &[
     asset!("compare.js", JS),
     asset!("logs.js", JS),
     asset!("media.js", JS),
+    asset!("parallel.js", JS),
     asset!("run.js", JS),
     asset!("runs.js", JS),
     asset!("util.js", JS),
