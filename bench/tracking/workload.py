@@ -296,6 +296,17 @@ def cmd_load(a: argparse.Namespace) -> None:
     out({"points": a.points, "log_s": logged - started, "total_s": done - started})
 
 
+def timed(read, times: int) -> tuple[list[int], int]:
+    """`read()` `times` times: each call's nanoseconds, and what the last returned."""
+    samples = []
+    returned = 0
+    for _ in range(times):
+        t0 = time.perf_counter_ns()
+        returned = read()
+        samples.append(time.perf_counter_ns() - t0)
+    return samples, returned
+
+
 def cmd_read(a: argparse.Namespace) -> None:
     """`--reads` reads of the series `loss`; each timed from request to
     parsed JSON (or to the list of Metric objects MLflow's client returns,
@@ -360,12 +371,7 @@ def cmd_read(a: argparse.Namespace) -> None:
             return len(frame)
     else:
         raise SystemExit(f"unknown side {a.side}")
-    samples = []
-    returned = 0
-    for _ in range(a.reads):
-        t0 = time.perf_counter_ns()
-        returned = read()
-        samples.append(time.perf_counter_ns() - t0)
+    samples, returned = timed(read, a.reads)
     out(
         {
             "first_ms": samples[0] / 1e6,
@@ -440,12 +446,7 @@ def cmd_summaries(a: argparse.Namespace) -> None:
             return len(frame)
     else:
         raise SystemExit(f"unknown side {a.side}")
-    samples = []
-    returned = 0
-    for _ in range(a.reads):
-        t0 = time.perf_counter_ns()
-        returned = read()
-        samples.append(time.perf_counter_ns() - t0)
+    samples, returned = timed(read, a.reads)
     assert returned == a.runs, (returned, a.runs)
     out({"median_ms": sorted(samples)[len(samples) // 2] / 1e6,
          "samples_ms": [x / 1e6 for x in samples], "returned": returned})  # fmt: skip
