@@ -304,7 +304,7 @@ pub(crate) async fn ingest(
         .records
         .iter()
         .any(|(_, r)| matches!(r, relaunch_api::Record::Log { .. }));
-    let alerts = state.alerts.clone();
+    let alerts = state.alerts.clone().filter(|a| a.may_raise(&batch));
     let ack = blocking(&state.storage, move |s| match alerts {
         None => s.ingest(&id, &batch, now()),
         Some(alerts) => {

@@ -142,6 +142,21 @@ impl Alerts {
         &self.config
     }
 
+    /// Whether any record of `batch` could raise an alert: only then does
+    /// ingest read the writer's watermark first (most batches are metrics
+    /// no rule names).
+    pub(crate) fn may_raise(&self, batch: &Batch) -> bool {
+        batch.records.iter().any(|(_, record)| match record {
+            Record::Metrics { values, .. } => values
+                .iter()
+                .any(|(key, _)| self.config.rules.iter().any(|r| r.key == *key)),
+            Record::Event { kind, .. } => {
+                kind == ALERT_EVENT || ALERTED.iter().any(|(k, _)| k == kind)
+            }
+            Record::Log { .. } => false,
+        })
+    }
+
     /// Raises the alerts of `batch`'s records above `old_watermark` (those
     /// just stored in `run`), writing them to the outbox. Runs on a
     /// blocking thread after the batch is stored. Never fails the batch: a
