@@ -119,9 +119,26 @@ pub struct RunFilter {
     #[serde(default)]
     pub status: Option<RunStatus>,
     /// `PATH=VALUE` on the config, `PATH` dotted (`optim.lr=0.1`); values
-    /// compare as JSON when they parse as JSON, else as strings.
+    /// compare as JSON when they parse as JSON, else as strings. Also
+    /// `!=`, and `<`, `<=`, `>`, `>=` with a number.
     #[serde(default)]
     pub param: Vec<String>,
+    /// `KEY OP NUMBER` on the run's newest value of metric `KEY` (its
+    /// lowest rank), OP one of `=`, `!=`, `<`, `<=`, `>`, `>=`.
+    #[serde(default)]
+    pub metric: Vec<String>,
+    /// Text the run's id, name, project, tags or notes contain, in any case.
+    #[serde(default)]
+    pub q: Option<String>,
+    /// The order: `created` (the default, newest first: `-created`),
+    /// `updated`, `name`, `status`, `attempts`, `project`, `config.PATH`
+    /// or `summary.KEY`; `-` first for descending. Runs without the value
+    /// come last either way.
+    #[serde(default)]
+    pub sort: Option<String>,
+    /// Runs skipped before the first returned, in that order (paging).
+    #[serde(default)]
+    pub offset: Option<u32>,
     #[serde(default)]
     pub limit: Option<u32>,
 }

@@ -174,6 +174,18 @@ impl Client {
         for p in &filter.param {
             query.push(("param", p.clone()));
         }
+        for m in &filter.metric {
+            query.push(("metric", m.clone()));
+        }
+        if let Some(q) = &filter.q {
+            query.push(("q", q.clone()));
+        }
+        if let Some(s) = &filter.sort {
+            query.push(("sort", s.clone()));
+        }
+        if let Some(o) = filter.offset {
+            query.push(("offset", o.to_string()));
+        }
         if let Some(l) = filter.limit {
             query.push(("limit", l.to_string()));
         }

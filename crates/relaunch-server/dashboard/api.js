@@ -66,7 +66,22 @@ async function errorText(res) {
 }
 
 /** GETs (or sends) `path` under /api/v1 and returns the JSON answer. */
-export async function api(path, { signal, method = 'GET', body } = {}) {
+export async function api(path, options = {}) {
+  return (await respond(path, options)).json();
+}
+
+/**
+ * GETs a listing under /api/v1: its rows, and how many the filter selects
+ * in all (the server's `X-Total-Count`, else the rows').
+ */
+export async function apiPage(path, options = {}) {
+  const res = await respond(path, options);
+  const rows = await res.json();
+  const total = Number(res.headers.get('X-Total-Count'));
+  return { rows, total: Number.isFinite(total) && res.headers.has('X-Total-Count') ? total : rows.length };
+}
+
+async function respond(path, { signal, method = 'GET', body } = {}) {
   for (let tries = 0; ; tries++) {
     const res = await fetch(API + path, {
       method, signal, body,
@@ -80,7 +95,7 @@ export async function api(path, { signal, method = 'GET', body } = {}) {
       continue;
     }
     if (!res.ok) throw new ApiError(res.status, await errorText(res));
-    return res.json();
+    return res;
   }
 }
 

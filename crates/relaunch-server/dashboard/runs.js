@@ -1,11 +1,15 @@
-// The runs table: server-side filters (project, status, tag, param
-// values) and a text filter in the page, columns of params and latest
-// metrics chosen by the person, sorting, selection for the compare view.
-// Rows are drawn only where they are visible, so 10,000 runs stay fast;
-// the latest metric values come in one request (`GET /latest`). Parallel
-// coordinates of the chosen columns (`parallel.js`) filter it by brushing.
+// The runs table: server-side filters (project, status, tag, param and
+// latest metric values), columns of params and latest metrics chosen by
+// the person, sorting and a text search, selection for the compare view.
+// The page holds the first 10,000 runs of the filter in the table's
+// order: when that is all of them, sorting and search happen here, at
+// once; when the filter selects more, they go to the server, which sorts
+// and searches every run (`sort=`, `q=`). Rows are drawn only where they
+// are visible; the latest metric values come in one request (`GET
+// /latest`). Parallel coordinates of the chosen columns (`parallel.js`)
+// filter it by brushing.
 
-import { api, qs } from './api.js';
+import { api, apiPage, qs } from './api.js';
 import { markPainted } from './chart.js';
 import { parallelView } from './parallel.js';
 import {
@@ -14,6 +18,7 @@ import {
 } from './util.js';
 
 const ROW = 30;
+// Runs a page holds (`?rows=N` sets fewer).
 const LIMIT = 10000;
 const REFRESH_MS = 15000;
 const STATUSES = ['running', 'restarting', 'preempted', 'failed', 'finished'];
@@ -35,13 +40,17 @@ export function runsPage(root) {
     status: q.get('status') || '',
     tag: q.get('tag') || '',
     param: q.getAll('param'),
+    metric: q.getAll('metric'),
   };
   let text = q.get('q') || '';
+  const rows = Math.min(LIMIT, Math.max(1, Number(q.get('rows')) || LIMIT));
   let cols = q.has('cols') ? listParam(q, 'cols') : null;
   let sort = q.get('sort') || '-created';
   const selected = new Set(listParam(q, 'sel'));
 
   let runs = [];
+  let total = 0;
+  let loadedQ = '';
   let flat = new Map();
   let metricNames = [];
   let paramPaths = [];
@@ -63,17 +72,20 @@ export function runsPage(root) {
     STATUSES.map((s) => h('option', { value: s, selected: s === filter.status }, s)));
   const tagIn = input('tag', filter.tag, 'tag', '7em');
   const paramIn = input('param', filter.param.join(' '), 'param=value …', '14em');
-  paramIn.title = 'config values, PATH=VALUE separated by spaces (optim.lr=0.001 layers=4)';
+  paramIn.title = 'config values, PATH=VALUE separated by spaces (optim.lr=0.001 layers>4)';
+  const metricIn = input('metric', filter.metric.join(' '), 'metric<value …', '11em');
+  metricIn.title = 'latest metric values, KEY OP NUMBER separated by spaces (loss<0.5 acc>=0.9); OP one of = != < <= > >=';
   const textIn = input('q', text, 'search name, id, tags, notes', '16em');
   textIn.type = 'search';
   const form = h('form', { class: 'filters', onsubmit: (e) => { e.preventDefault(); applyFilters(); } },
-    projectIn, projectList, statusIn, tagIn, paramIn, h('button', { type: 'submit' }, 'Filter'), textIn);
+    projectIn, projectList, statusIn, tagIn, paramIn, metricIn, h('button', { type: 'submit' }, 'Filter'), textIn);
   statusIn.addEventListener('change', () => applyFilters());
   projectIn.addEventListener('change', () => applyFilters());
   textIn.addEventListener('input', debounce(() => {
     text = textIn.value;
     setQuery({ q: text });
-    refilter();
+    // Every run is here: search them here; else the server searches all.
+    if (everything()) refilter(); else load(false);
   }, 80));
 
   const count = h('span', { class: 'count' });
@@ -99,8 +111,30 @@ export function runsPage(root) {
     filter.status = statusIn.value;
     filter.tag = tagIn.value.trim();
     filter.param = paramIn.value.split(/\s+/).filter(Boolean);
-    setQuery({ project: filter.project, status: filter.status, tag: filter.tag, param: filter.param });
+    filter.metric = metricIn.value.split(/\s+/).filter(Boolean);
+    setQuery({ project: filter.project, status: filter.status, tag: filter.tag, param: filter.param, metric: filter.metric });
     load(true);
+  }
+
+  /** Whether the page holds every run the filter selects, whatever the search. */
+  function everything() {
+    return !loadedQ && runs.length >= total;
+  }
+
+  /** The table's order as the server names it (`sort=`). */
+  function serverSort() {
+    const desc = sort.startsWith('-');
+    const id = desc ? sort.slice(1) : sort;
+    const names = { name: 'name', status: 'status', project: 'project', created: 'created', attempts: 'attempts' };
+    let by = names[id];
+    if (id.startsWith('p:')) by = `config.${id.slice(2)}`;
+    if (id.startsWith('m:')) by = `summary.${id.slice(2)}`;
+    return by ? `${desc ? '-' : ''}${by}` : '-created';
+  }
+
+  /** The query of the runs this page holds: the filter, its order, the search when asked, its size. */
+  function pageQuery(withText) {
+    return { ...filter, sort: serverSort(), q: withText ? text.trim() : '', limit: rows };
   }
 
   function selectionChanged() {
@@ -187,7 +221,8 @@ export function runsPage(root) {
       if (undef(va) || undef(vb)) return compare(va, vb);
       return desc ? compare(vb, va) : compare(va, vb);
     });
-    count.textContent = `${shown.length} of ${runs.length} runs${runs.length >= LIMIT ? ` (the newest ${LIMIT}; filter to see others)` : ''}`;
+    if (runs.length >= total) count.textContent = `${shown.length} of ${total} runs`;
+    else count.textContent = `${shown.length} of ${total} runs (the first ${runs.length} in this order; the server sorts and searches them all)`;
     renderHead();
     renderRows(true);
   }
@@ -215,7 +250,7 @@ export function runsPage(root) {
         onclick: () => {
           sort = sort === `-${c.id}` ? c.id : `-${c.id}`;
           setQuery({ sort });
-          refilter();
+          if (everything()) refilter(); else load(false);
         },
       }, c.label + mark);
     })));
@@ -291,11 +326,11 @@ export function runsPage(root) {
     chooser.replaceChildren(h('summary', {}, 'Columns'), h('div', { class: 'chooser-panel' }, filterIn, list));
   }
 
-  async function loadLatest() {
+  async function loadLatest(query = pageQuery(Boolean(loadedQ))) {
     const keys = (cols || []).filter((c) => c.startsWith('m:')).map((c) => c.slice(2));
     latest = new Map();
     if (!keys.length || !runs.length) return;
-    const rows = await api(`/latest${qs({ ...filter, key: keys, limit: LIMIT })}`, { signal: controller.signal });
+    const rows = await api(`/latest${qs({ ...query, key: keys })}`, { signal: controller.signal });
     for (const r of rows) {
       let m = latest.get(r.run);
       if (!m) latest.set(r.run, (m = new Map()));
@@ -306,24 +341,36 @@ export function runsPage(root) {
   async function load(fresh) {
     clearTimeout(timer);
     try {
-      const f = { ...filter, limit: LIMIT };
-      const [list, names] = await Promise.all([
-        api(`/runs${qs(f)}`, { signal: controller.signal }),
+      const read = (f) => Promise.all([
+        apiPage(`/runs${qs(f)}`, { signal: controller.signal }),
         api(`/keys${qs(f)}`, { signal: controller.signal }),
       ]);
-      runs = list;
+      // The whole filter when the page can hold it (sorting and search are
+      // then done here); else the server orders and searches every run.
+      let f = pageQuery(!fresh && !everything());
+      let [page, names] = await read(f);
+      if (!f.q && text.trim() && page.total > page.rows.length) {
+        f = pageQuery(true);
+        [page, names] = await read(f);
+      }
+      runs = page.rows;
+      total = page.total;
+      loadedQ = f.q;
       metricNames = names;
       flat = new Map(runs.map((r) => [r.id, flatten(r.config)]));
       const paths = new Set();
       for (const m of flat.values()) for (const k of m.keys()) paths.add(k);
       paramPaths = [...paths].sort();
       if (cols === null && runs.length) cols = defaultColumns();
-      await loadLatest();
+      await loadLatest(f);
       message.replaceChildren();
       projectList.replaceChildren(...[...new Set(runs.map((r) => r.project))].sort().map((p) => h('option', { value: p })));
       if (fresh || !chooser.open) renderChooser();
       refilter();
       if (runs.length) markPainted('runs-table');
+      // Each load drawn (a filter's change, a sort by the server): timed by
+      // bench/dashboard.
+      requestAnimationFrame(() => requestAnimationFrame(() => performance.mark('relaunch:runs-loaded')));
       if (!runs.length) message.replaceChildren(h('p', { class: 'empty' }, 'No runs match. Log one with relaunch.init(project=...) and run.log({...}).'));
     } catch (err) {
       showError(message, err);

@@ -2,13 +2,14 @@
 //! the async threads, and answers JSON.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, Query, RawQuery, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use relaunch_api::{
     Ack, Batch, Event, Health, HistoryQuery, Latest, RunFilter, RunInfo, RunInit, RunPatch,
@@ -20,7 +21,7 @@ use crate::AppState;
 use crate::body::{Held, read_limited};
 use crate::error::AppError;
 use crate::names::{check_key, check_name};
-use crate::storage::{Storage, StorageError};
+use crate::storage::{Storage, StorageError, filter};
 
 /// Longest `?wait=` of a log follow.
 const MAX_FOLLOW: Duration = Duration::from_secs(60);
@@ -171,19 +172,35 @@ pub(crate) async fn patch_run(
 /// 1,000) with an error that would otherwise be a 500.
 const MAX_PARAM_FILTERS: usize = 100;
 
+/// A batch body larger than this is heavy work: the allocator is trimmed
+/// after it (`reads::HeavyReads::heavy_work`).
+const BIG_BATCH: usize = 8 << 20;
+
+/// The header of a listing's answer that says how many runs its filter
+/// selects in all.
+const TOTAL_COUNT: HeaderName = HeaderName::from_static("x-total-count");
+
+/// A batch body larger than this is decoded on a blocking thread.
+const DECODE_APART: usize = 256 << 10;
+
 /// Most keys one `GET /latest` may ask for.
 const MAX_LATEST_KEYS: usize = 100;
 
-/// A run filter from a query string (`project`, `tag`, `status`,
-/// `param=PATH=VALUE`, `limit`), and its `key`s where `keys` says they are
-/// allowed.
+/// A run filter from a query string (`project`, `tag`, `status`, `q`,
+/// `param=PATH=VALUE`, `metric=KEY<NUMBER`, `sort`, `offset`, `limit`), and
+/// its `key`s where `keys` says they are allowed.
 fn run_filter(query: Option<String>, keys: bool) -> Result<(RunFilter, Vec<String>), AppError> {
     let mut filter = RunFilter::default();
     let mut wanted = Vec::new();
+    let number = |name: &str, v: &str| -> Result<u32, AppError> {
+        v.parse()
+            .map_err(|_| AppError::BadRequest(format!("{name} {v:?} is not a whole number")))
+    };
     for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "project" => filter.project = Some(v.into_owned()),
             "tag" => filter.tag = Some(v.into_owned()),
+            "q" => filter.q = Some(v.into_owned()),
             "status" => {
                 filter.status = Some(RunStatus::parse(&v).ok_or_else(|| {
                     AppError::BadRequest(format!(
@@ -191,31 +208,34 @@ fn run_filter(query: Option<String>, keys: bool) -> Result<(RunFilter, Vec<Strin
                     ))
                 })?);
             }
-            "param" => {
-                if filter.param.len() == MAX_PARAM_FILTERS {
+            "param" | "metric" => {
+                if filter.param.len() + filter.metric.len() == MAX_PARAM_FILTERS {
                     return Err(AppError::BadRequest(format!(
-                        "more than {MAX_PARAM_FILTERS} param= filters in one request; \
-                         narrow the query (project=, tag=, status=) and filter the rest \
-                         in the client"
+                        "more than {MAX_PARAM_FILTERS} param= and metric= filters in one \
+                         request; narrow the query (project=, tag=, status=) and filter the \
+                         rest in the client"
                     )));
                 }
-                filter.param.push(v.into_owned());
+                if k == "param" {
+                    filter.param.push(v.into_owned());
+                } else {
+                    filter.metric.push(v.into_owned());
+                }
             }
-            "limit" => {
-                filter.limit =
-                    Some(v.parse().map_err(|_| {
-                        AppError::BadRequest(format!("limit {v:?} is not a number"))
-                    })?);
-            }
+            "sort" => filter.sort = Some(v.into_owned()),
+            "offset" => filter.offset = Some(number("offset", &v)?),
+            "limit" => filter.limit = Some(number("limit", &v)?),
             "key" if keys => {
                 check_key(&v)?;
                 wanted.push(v.into_owned());
             }
             other => {
+                let known = "project, tag, status, q, param=PATH=VALUE, metric=KEY<NUMBER, \
+                             sort, offset, limit";
                 let known = if keys {
-                    "key, project, tag, status, param=PATH=VALUE, limit"
+                    format!("key, {known}")
                 } else {
-                    "project, tag, status, param=PATH=VALUE, limit"
+                    known.to_owned()
                 };
                 return Err(AppError::BadRequest(format!(
                     "unknown filter {other:?}; use {known}"
@@ -231,7 +251,28 @@ pub(crate) async fn list_runs(
     RawQuery(query): RawQuery,
 ) -> Result<Response, AppError> {
     let (filter, _) = run_filter(query, false)?;
-    heavy(&state, move |s| s.list_runs(&filter)).await
+    // The page, and how many runs the filter selects in all (a table's
+    // scroll bar): `X-Total-Count`.
+    let total = Arc::new(AtomicU64::new(0));
+    let counted = total.clone();
+    let mut answer = heavy(&state, move |s| {
+        let runs = s.list_runs(&filter)?;
+        let page_is_all =
+            filter.offset.unwrap_or(0) == 0 && runs.len() < filter::limit(&filter) as usize;
+        let n = if page_is_all {
+            runs.len() as u64
+        } else {
+            s.count_runs(&filter)?
+        };
+        counted.store(n, Ordering::Relaxed);
+        Ok(runs)
+    })
+    .await?;
+    answer.headers_mut().insert(
+        TOTAL_COUNT,
+        HeaderValue::from(total.load(Ordering::Relaxed)),
+    );
+    Ok(answer)
 }
 
 /// `GET /keys`: the metric names of every run the filter selects (the
@@ -277,8 +318,47 @@ pub(crate) async fn ingest(
         )));
     }
     let bytes = read_body(&state, &headers, body).await?;
+    // Decoding and checking a batch of tens of MiB takes a while: not on
+    // the async workers, where it would hold up every other request.
+    let big = bytes.len() > BIG_BATCH;
+    let (bytes, batch, has_logs) = if bytes.len() > DECODE_APART {
+        tokio::task::spawn_blocking(move || decode_batch(&bytes).map(|(b, l)| (bytes, b, l)))
+            .await
+            .map_err(|e| AppError::Internal(format!("decoding task failed: {e}")))??
+    } else {
+        let (batch, has_logs) = decode_batch(&bytes)?;
+        (bytes, batch, has_logs)
+    };
+    let alerts = state.alerts.clone().filter(|a| a.may_raise(&batch));
+    // A big batch's decoded records are freed in this request's thread's
+    // arena: trimmed once no heavy work is left (`trim.rs`).
+    let heavy = big.then(|| state.heavy_reads.heavy_work());
+    let ack = blocking(&state.storage, move |s| match alerts {
+        None => s.ingest(&id, &batch, now()),
+        Some(alerts) => {
+            // Only records above the old watermark raise alerts: a batch
+            // sent again raises nothing twice.
+            let old = s.watermark(&id, &batch.writer)?;
+            let ack = s.ingest(&id, &batch, now())?;
+            alerts.raise(s, &id, &batch, old);
+            Ok(ack)
+        }
+    })
+    .await;
+    // The body and the batch (dropped by the closure) are freed first.
+    drop(bytes);
+    drop(heavy);
+    let ack = ack?;
+    if has_logs {
+        state.logs_changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    Ok(Json(ack))
+}
+
+/// A batch body decoded and checked, and whether it holds console lines.
+fn decode_batch(bytes: &[u8]) -> Result<(Batch, bool), AppError> {
     let batch =
-        Batch::decode(&bytes).map_err(|e| AppError::BadRequest(format!("malformed batch: {e}")))?;
+        Batch::decode(bytes).map_err(|e| AppError::BadRequest(format!("malformed batch: {e}")))?;
     if batch.writer.is_empty() || batch.attempt_token.is_empty() {
         return Err(AppError::BadRequest(
             "a batch needs a writer id and an attempt token".into(),
@@ -304,23 +384,7 @@ pub(crate) async fn ingest(
         .records
         .iter()
         .any(|(_, r)| matches!(r, relaunch_api::Record::Log { .. }));
-    let alerts = state.alerts.clone().filter(|a| a.may_raise(&batch));
-    let ack = blocking(&state.storage, move |s| match alerts {
-        None => s.ingest(&id, &batch, now()),
-        Some(alerts) => {
-            // Only records above the old watermark raise alerts: a batch
-            // sent again raises nothing twice.
-            let old = s.watermark(&id, &batch.writer)?;
-            let ack = s.ingest(&id, &batch, now())?;
-            alerts.raise(s, &id, &batch, old);
-            Ok(ack)
-        }
-    })
-    .await?;
-    if has_logs {
-        state.logs_changed.send_modify(|n| *n = n.wrapping_add(1));
-    }
-    Ok(Json(ack))
+    Ok((batch, has_logs))
 }
 
 #[derive(Deserialize)]

@@ -79,6 +79,13 @@ impl HeavyReads {
         self
     }
 
+    /// Other heavy work in flight (a big batch being stored) until the
+    /// guard is dropped: the last heavy work out, read or not, trims the
+    /// allocator.
+    pub(crate) fn heavy_work(&self) -> Live {
+        Live::enter(&self.live)
+    }
+
     /// Reads waiting for a permit now.
     pub(crate) fn queued(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
@@ -147,7 +154,7 @@ fn units(bytes: usize) -> u32 {
 /// One heavy read in [`HeavyReads::live`] until dropped: the last one out
 /// trims the allocator, on a blocking thread (it takes milliseconds).
 #[derive(Debug)]
-struct Live(Arc<AtomicUsize>);
+pub(crate) struct Live(Arc<AtomicUsize>);
 
 impl Live {
     fn enter(live: &Arc<AtomicUsize>) -> Self {

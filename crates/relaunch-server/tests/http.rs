@@ -1246,6 +1246,60 @@ async fn history_answers_every_point_exactly_in_columns() {
     }
 }
 
+/// A listing's page comes with how many runs its filter selects in all,
+/// and a bad order, page or metric filter is a 400 that says what to write.
+#[tokio::test]
+async fn a_listing_page_says_how_many_runs_match_in_all() {
+    for server in Server::each(None, 1 << 20) {
+        for i in 0..5 {
+            server.open_run(&format!("r{i}")).await;
+            server.batch(&format!("r{i}"), &loss("w", 0..(i + 1))).await;
+        }
+        let page = |uri: &str| {
+            let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+            let app = router(server.state.clone());
+            async move {
+                let response = app.oneshot(request).await.unwrap();
+                let total = response
+                    .headers()
+                    .get("x-total-count")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                let runs: Vec<RunInfo> = serde_json::from_slice(&body).unwrap();
+                (runs.into_iter().map(|r| r.id).collect::<Vec<_>>(), total)
+            }
+        };
+        // The loss of r{i} ends at i: the highest first, two a page.
+        let (ids, total) = page("/api/v1/runs?sort=-summary.loss&limit=2&offset=2").await;
+        assert_eq!(ids, ["r2", "r1"]);
+        assert_eq!(total.as_deref(), Some("5"));
+        let (ids, total) = page("/api/v1/runs?metric=loss%3E1.5&sort=created").await;
+        assert_eq!(ids, ["r2", "r3", "r4"]);
+        assert_eq!(total.as_deref(), Some("3"));
+        let (ids, total) = page("/api/v1/runs?q=R4").await;
+        assert_eq!(
+            (ids.as_slice(), total.as_deref()),
+            (&["r4".to_owned()][..], Some("1"))
+        );
+        for (query, says) in [
+            ("sort=size", "sort by created"),
+            ("offset=-1", "offset \"-1\" is not a whole number"),
+            ("metric=loss", "KEY OP NUMBER"),
+            ("param=lr%3Cadam", "compares numbers"),
+        ] {
+            let (status, body) = server.get(&format!("/api/v1/runs?{query}")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+            assert!(
+                error(&body).error.contains(says),
+                "{query}: {}",
+                error(&body).error
+            );
+        }
+    }
+}
+
 /// Regression: 996 `param=` filters made the database refuse the query's
 /// expression, answered as a 500.
 #[tokio::test]
@@ -1263,7 +1317,11 @@ async fn too_many_config_filters_are_a_400_that_names_the_limit() {
             assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
             let (status, body) = server.get(&format!("{path}?{}", params(996))).await;
             assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
-            assert!(error(&body).error.contains("more than 100 param= filters"));
+            assert!(
+                error(&body)
+                    .error
+                    .contains("more than 100 param= and metric= filters")
+            );
         }
         let (status, _) = server
             .get(&format!("/api/v1/latest?key=loss&{}", params(100)))
@@ -1273,6 +1331,10 @@ async fn too_many_config_filters_are_a_400_that_names_the_limit() {
             .get(&format!("/api/v1/latest?key=loss&{}", params(101)))
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert!(error(&body).error.contains("more than 100 param= filters"));
+        assert!(
+            error(&body)
+                .error
+                .contains("more than 100 param= and metric= filters")
+        );
     }
 }

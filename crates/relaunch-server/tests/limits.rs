@@ -646,6 +646,9 @@ mod gated {
         fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError> {
             self.inner.list_runs(filter)
         }
+        fn count_runs(&self, filter: &RunFilter) -> Result<u64, StorageError> {
+            self.inner.count_runs(filter)
+        }
         fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError> {
             self.inner.metric_names(filter)
         }

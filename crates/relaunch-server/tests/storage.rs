@@ -191,6 +191,157 @@ fn runs_are_listed_and_filtered() {
     });
 }
 
+/// A runs table of thousands of runs pages, sorts and filters on the
+/// server: by config and latest metric values (NaN and missing values
+/// last either way), by text, a page at a time, with the total count.
+#[test]
+fn runs_are_sorted_filtered_and_paged_by_config_and_latest_values() {
+    each_backend(|s, _| {
+        // run, lr (config), layers, latest loss (None: never logged it).
+        let table: [(&str, serde_json::Value, Option<f64>); 6] = [
+            (
+                "r0",
+                serde_json::json!({"lr": 0.1, "opt": "sgd"}),
+                Some(0.9),
+            ),
+            (
+                "r1",
+                serde_json::json!({"lr": 0.01, "opt": "adam"}),
+                Some(0.3),
+            ),
+            ("r2", serde_json::json!({"lr": "auto"}), Some(f64::NAN)),
+            ("r3", serde_json::json!({"lr": 0.001, "opt": "adam"}), None),
+            ("r4", serde_json::json!({"lr": 1}), Some(0.5)),
+            ("r5", serde_json::json!({}), Some(f64::INFINITY)),
+        ];
+        for (i, (id, config, loss)) in table.iter().enumerate() {
+            let mut run = init("p", Some(id), "t0");
+            run.name = Some(format!("Name {}", 5 - i));
+            run.config = Some(config.clone());
+            run.notes = Some(if i == 3 {
+                "the Baseline".into()
+            } else {
+                String::new()
+            });
+            s.open_run(&run, i as f64).unwrap();
+            if let Some(v) = loss {
+                let mut b = metrics("w", 1, "loss", 0..2, 0);
+                if let Record::Metrics { values, .. } = &mut b.records[1].1 {
+                    values[0].1 = *v;
+                }
+                s.ingest(id, &b, 1.0).unwrap();
+            }
+        }
+        let ids = |f: RunFilter| -> Vec<String> {
+            s.list_runs(&f).unwrap().into_iter().map(|r| r.id).collect()
+        };
+        let by = |sort: &str| RunFilter {
+            sort: Some(sort.into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(by("created")), ["r0", "r1", "r2", "r3", "r4", "r5"]);
+        assert_eq!(ids(by("-created")), ["r5", "r4", "r3", "r2", "r1", "r0"]);
+        assert_eq!(ids(by("name")), ["r5", "r4", "r3", "r2", "r1", "r0"]);
+        // NaN and a run without the metric last, either way (newest first
+        // among them).
+        assert_eq!(
+            ids(by("summary.loss")),
+            ["r1", "r4", "r0", "r5", "r3", "r2"]
+        );
+        assert_eq!(
+            ids(by("-summary.loss")),
+            ["r5", "r0", "r4", "r1", "r3", "r2"]
+        );
+        // Numbers by value before strings, then runs without the value.
+        assert_eq!(ids(by("config.lr")), ["r3", "r1", "r0", "r4", "r2", "r5"]);
+        assert_eq!(ids(by("-config.lr")), ["r4", "r0", "r1", "r3", "r2", "r5"]);
+
+        let filtered = |param: &[&str], metric: &[&str]| {
+            ids(RunFilter {
+                param: param.iter().map(|p| (*p).to_owned()).collect(),
+                metric: metric.iter().map(|m| (*m).to_owned()).collect(),
+                sort: Some("created".into()),
+                ..Default::default()
+            })
+        };
+        assert_eq!(filtered(&[], &["loss<0.6"]), ["r1", "r4"]);
+        assert_eq!(filtered(&[], &["loss>=0.5"]), ["r0", "r4", "r5"]);
+        assert_eq!(filtered(&[], &["loss=0.3"]), ["r1"]);
+        // != passes NaN and runs without the metric, as NaN != 0.3 is true.
+        assert_eq!(
+            filtered(&[], &["loss!=0.3"]),
+            ["r0", "r2", "r3", "r4", "r5"]
+        );
+        assert_eq!(
+            filtered(&[], &["loss>-inf", "loss<inf"]),
+            ["r0", "r1", "r4"]
+        );
+        // Orders on config compare numbers only: "auto" is not > 0.005.
+        assert_eq!(filtered(&["lr>0.005"], &[]), ["r0", "r1", "r4"]);
+        assert_eq!(filtered(&["lr<=0.01"], &[]), ["r1", "r3"]);
+        assert_eq!(filtered(&["opt!=adam"], &[]), ["r0", "r2", "r4", "r5"]);
+        assert_eq!(filtered(&["opt=adam"], &["loss<1"]), ["r1"]);
+
+        // Text in the id, name, project, tags or notes, in any case.
+        let q = |text: &str| {
+            ids(RunFilter {
+                q: Some(text.into()),
+                sort: Some("created".into()),
+                ..Default::default()
+            })
+        };
+        assert_eq!(q("baseline"), ["r3"]);
+        assert_eq!(q("NAME 4"), ["r1"]);
+
+        // Pages of 4: the second holds the rest; the count is the whole.
+        let page = |offset: u32| RunFilter {
+            sort: Some("-summary.loss".into()),
+            limit: Some(4),
+            offset: Some(offset),
+            ..Default::default()
+        };
+        assert_eq!(ids(page(0)), ["r5", "r0", "r4", "r1"]);
+        assert_eq!(ids(page(4)), ["r3", "r2"]);
+        assert!(ids(page(10)).is_empty());
+        assert_eq!(s.count_runs(&page(4)).unwrap(), 6);
+        assert_eq!(
+            s.count_runs(&RunFilter {
+                metric: vec!["loss<0.6".into()],
+                ..page(0)
+            })
+            .unwrap(),
+            2
+        );
+        // The latest values and metric names of a page are the page's.
+        let keys = ["loss".to_owned()];
+        let latest: Vec<String> = s
+            .latest_of_runs(&page(4), &keys)
+            .unwrap()
+            .into_iter()
+            .map(|l| l.run)
+            .collect();
+        assert_eq!(latest, ["r2"]);
+
+        for bad in [
+            by("size"),
+            by("summary."),
+            RunFilter {
+                metric: vec!["loss<abc".into()],
+                ..Default::default()
+            },
+        ] {
+            assert!(
+                matches!(s.list_runs(&bad), Err(StorageError::Invalid(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(s.count_runs(&bad), Err(StorageError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+    });
+}
+
 /// What a runs table of many runs reads in two requests: the metric names
 /// of the selected runs, and each run's newest value of the chosen ones.
 #[test]
@@ -285,6 +436,47 @@ fn a_batch_is_stored_exactly_once_however_often_it_is_sent() {
         );
         assert_eq!(s.watermark("r", "w1").unwrap(), 150);
         assert_eq!(s.watermark("r", "other").unwrap(), 0);
+    });
+}
+
+/// The embedded backend stores a batch of more than 65,536 rows in parts,
+/// a transaction each (so small writers commit between them): the batch
+/// still reads back whole, a resend stores nothing twice, and one whose
+/// first part was stored before stores only the rest.
+#[test]
+fn a_batch_larger_than_a_part_is_stored_whole_and_exactly_once() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let mut big = metrics("w", 1, "loss", 0..90_000, 0);
+        big.records.push((
+            90_001,
+            Record::Event {
+                kind: "finished".into(),
+                wall: 5.0,
+                text: String::new(),
+                data: String::new(),
+            },
+        ));
+        // The first 70,000 records came in a batch of their own, earlier.
+        let first = metrics("w", 1, "loss", 0..70_000, 0);
+        assert_eq!(s.ingest("r", &first, 1.0).unwrap().watermark, 70_000);
+        for _ in 0..2 {
+            assert_eq!(s.ingest("r", &big, 2.0).unwrap().watermark, 90_001);
+        }
+        let series = s.series("r", &all("loss")).unwrap();
+        assert_eq!(series.total, 90_000);
+        assert!(!series.downsampled);
+        assert!(
+            series
+                .points
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.step == i as i64 && p.value == i as f64 * 10.0),
+            "a point is missing, doubled or changed"
+        );
+        assert_eq!(s.get_run("r").unwrap().status, RunStatus::Finished);
+        let events = s.events("r").unwrap();
+        assert_eq!(events.iter().filter(|e| e.kind == "finished").count(), 1);
     });
 }
 

@@ -5,6 +5,7 @@
 //! the new watermark in one transaction.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use relaunch_api::{Ack, Batch, Record, RunStatus};
 
@@ -18,6 +19,37 @@ pub fn check(batch: &Batch) -> Result<(), StorageError> {
     batch
         .check_sequence()
         .map_err(|e| StorageError::Invalid(e.to_string()))
+}
+
+/// Rows a record writes: a point per metric value, one line or event.
+fn rows_of(record: &Record) -> usize {
+    match record {
+        Record::Metrics { values, .. } => values.len().max(1),
+        Record::Log { .. } | Record::Event { .. } => 1,
+    }
+}
+
+/// The batch's records cut into consecutive parts of at most `max` rows
+/// each (a record larger than that is a part of its own), with their
+/// rows; one empty part for an empty batch. Stored one after another,
+/// each in its own transaction, the parts keep the watermark rule: a part
+/// stored advances the watermark, and the batch sent again stores only
+/// what its stored parts did not.
+pub fn parts(batch: &Batch, max: usize) -> Vec<(Range<usize>, usize)> {
+    let mut parts = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, (_, record)) in batch.records.iter().enumerate() {
+        let r = rows_of(record);
+        if rows > 0 && rows + r > max {
+            parts.push((start..i, rows));
+            (start, rows) = (i, 0);
+        }
+        rows += r;
+    }
+    if rows > 0 || parts.is_empty() {
+        parts.push((start..batch.records.len(), rows));
+    }
+    parts
 }
 
 /// What to store of a batch, given the writer's watermark.

@@ -57,8 +57,12 @@ pub trait Storage: Send + Sync + 'static {
 
     fn patch_run(&self, id: &str, patch: &RunPatch, now: f64) -> Result<RunInfo, StorageError>;
 
-    /// Newest first.
+    /// The runs `filter` selects, in its order (newest first unless it
+    /// names one) and page.
     fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunInfo>, StorageError>;
+
+    /// How many runs `filter` selects, whatever its page.
+    fn count_runs(&self, filter: &RunFilter) -> Result<u64, StorageError>;
 
     /// The metric names logged by any run that `filter` selects, sorted.
     fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError>;

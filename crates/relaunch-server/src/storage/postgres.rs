@@ -55,7 +55,7 @@ use serde_json::Value;
 use self::batches::{PgChunks, attempt_of, attempt_order, watermark};
 pub use self::connect::PASSWORD_ENV;
 use self::connect::Target;
-use self::filters::{Arg, filtered_runs, sql_args};
+use self::filters::{Arg, counted_runs, filtered_runs, sql_args};
 pub use self::transfer::PgTransfer;
 use super::chunk::Summary;
 use super::downsample::{ChunkMeta, assemble};
@@ -491,6 +491,14 @@ impl Storage for PgStorage {
                 .iter()
                 .map(run_row)
                 .collect())
+        })
+    }
+
+    fn count_runs(&self, filter: &RunFilter) -> Result<u64, StorageError> {
+        let (sql, args) = counted_runs(filter)?;
+        self.read(|tx| {
+            let n: i64 = tx.query_one(&sql, &sql_args(&args))?.get(0);
+            Ok(n.unsigned_abs())
         })
     }
 

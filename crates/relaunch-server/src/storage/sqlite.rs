@@ -19,16 +19,18 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 
 use self::batches::{SqliteChunks, attempt_of, attempt_order, watermark};
+use self::filters::{counted_runs, filtered_runs};
 use self::readers::Readers;
 use self::writer::Writer;
 pub(crate) use self::writer::open_writer;
 use super::chunk::Summary;
 use super::downsample::{ChunkMeta, assemble};
-use super::filter::{self, ParamValue};
+use super::ingest;
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::{Storage, StorageError};
 
 mod batches;
+mod filters;
 mod readers;
 mod schema;
 mod transfer;
@@ -55,6 +57,10 @@ pub struct SqliteStorage {
 
 /// Default `--max-readers`.
 pub const DEFAULT_MAX_READERS: usize = 4;
+
+/// Rows of a batch stored in one transaction at most (about 30 ms here):
+/// a bigger batch is stored in parts, small writers' commits between them.
+const INGEST_PART_ROWS: usize = 65_536;
 
 impl std::fmt::Debug for SqliteStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -164,48 +170,6 @@ fn get_run(conn: &Connection, id: &str) -> Result<RunInfo, StorageError> {
         .optional()
         .map_err(backend)?
         .ok_or_else(|| runs::no_run(id))
-}
-
-/// The runs that `filter` selects, newest first, as SQL selecting
-/// `columns` of `runs r JOIN projects p`, and its arguments; a list or a
-/// subquery (`... IN (SQL)`).
-fn filtered_runs(
-    filter: &RunFilter,
-    columns: &str,
-) -> Result<(String, Vec<rusqlite::types::Value>), StorageError> {
-    let params_filter = filter::params(filter)?;
-    let mut sql =
-        format!("SELECT {columns} FROM runs r JOIN projects p ON p.id = r.project_id WHERE 1=1");
-    let mut args: Vec<rusqlite::types::Value> = Vec::new();
-    if let Some(project) = &filter.project {
-        args.push(project.clone().into());
-        sql.push_str(&format!(" AND p.name = ?{}", args.len()));
-    }
-    if let Some(status) = filter.status {
-        args.push(status.as_str().to_owned().into());
-        sql.push_str(&format!(" AND r.status = ?{}", args.len()));
-    }
-    if let Some(tag) = &filter.tag {
-        args.push(tag.clone().into());
-        sql.push_str(&format!(
-            " AND EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value = ?{})",
-            args.len()
-        ));
-    }
-    for param in params_filter {
-        args.push(json_path(&param.path).into());
-        let p = args.len();
-        args.push(match param.value {
-            ParamValue::Integer(i) => rusqlite::types::Value::Integer(i),
-            ParamValue::Real(r) => rusqlite::types::Value::Real(r),
-            ParamValue::Text(t) => rusqlite::types::Value::Text(t),
-        });
-        let v = args.len();
-        sql.push_str(&format!(" AND json_extract(r.config, ?{p}) = ?{v}"));
-    }
-    sql.push_str(" ORDER BY r.created_at DESC, r.id");
-    sql.push_str(&format!(" LIMIT {}", filter::limit(filter)));
-    Ok((sql, args))
 }
 
 fn project_id(conn: &Connection, name: &str) -> Result<i64, StorageError> {
@@ -365,6 +329,17 @@ impl Storage for SqliteStorage {
         })
     }
 
+    fn count_runs(&self, filter: &RunFilter) -> Result<u64, StorageError> {
+        let (sql, args) = counted_runs(filter)?;
+        self.read(|conn| {
+            conn.query_row(&sql, rusqlite::params_from_iter(args), |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(i64::unsigned_abs)
+            .map_err(backend)
+        })
+    }
+
     fn metric_names(&self, filter: &RunFilter) -> Result<Vec<String>, StorageError> {
         let (selected, args) = filtered_runs(filter, "r.id")?;
         self.read(|conn| {
@@ -429,9 +404,26 @@ impl Storage for SqliteStorage {
     }
 
     fn ingest(&self, run: &str, batch: &Batch, now: f64) -> Result<Ack, StorageError> {
-        let (run, batch) = (run.to_owned(), batch.clone());
+        ingest::check(batch)?;
         let now = now_or(now);
-        self.write(move |conn| batches::ingest(conn, &run, &batch, now))
+        // A big batch is stored in parts, each a transaction of its own,
+        // so that small writers' commits go between them (`writer.rs`);
+        // only one part's copy is made at a time.
+        let mut ack = None;
+        for (range, rows) in ingest::parts(batch, INGEST_PART_ROWS) {
+            let part = Batch {
+                writer: batch.writer.clone(),
+                attempt_token: batch.attempt_token.clone(),
+                records: batch.records[range].to_vec(),
+            };
+            let run = run.to_owned();
+            ack = Some(
+                self.writer
+                    .write_rows(rows, move |conn| batches::ingest(conn, &run, &part, now))?,
+            );
+        }
+        // (`parts` is never empty.)
+        Ok(ack.unwrap_or_else(|| ingest::ack(batch, 0)))
     }
 
     fn watermark(&self, run: &str, writer: &str) -> Result<u64, StorageError> {
@@ -702,16 +694,4 @@ fn file_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<FileInfo> {
         chunks: row.get::<_, i64>(3)?.max(0) as u64,
         created_at: row.get(4)?,
     })
-}
-
-/// A param filter's path for `json_extract`.
-fn json_path(parts: &[String]) -> String {
-    format!(
-        "$.{}",
-        parts
-            .iter()
-            .map(|p| format!("\"{p}\""))
-            .collect::<Vec<_>>()
-            .join(".")
-    )
 }
