@@ -76,6 +76,43 @@ def _matches(actual: object, condition: object) -> bool:
     return True
 
 
+# Runs a listing reads a request.
+_PAGE = 10_000
+
+# How the server writes each operator of a filter.
+_SIGNS = {"$eq": "=", "$ne": "!=", "$lt": "<", "$lte": "<=", "$gt": ">", "$gte": ">="}
+
+
+def _server_terms(name: str, condition: object, *, config: bool) -> list[str] | None:
+    """``condition`` on config path or metric ``name`` as the server's
+    ``param=``/``metric=`` terms, or ``None`` when the server cannot apply
+    it (``$in``, NaN, an order on a non-number, a metric that is not a
+    number), and it is applied here instead."""
+    if any(c in name for c in "=<>!"):
+        return None
+    ops = condition if isinstance(condition, Mapping) and condition else {"$eq": condition}
+    if not all(op in _SIGNS for op in ops):
+        return None
+    terms = []
+    for op, operand in ops.items():
+        number = isinstance(operand, (int, float)) and not isinstance(operand, bool)
+        if number and operand != operand:
+            return None
+        if config:
+            if number and operand in (float("inf"), float("-inf")):
+                return None
+            if not number and not (op in ("$eq", "$ne") and isinstance(operand, (str, bool))):
+                return None
+            if isinstance(operand, bool) and op != "$eq" and op != "$ne":
+                return None
+            terms.append(f"{name}{_SIGNS[op]}{json.dumps(operand)}")
+        else:
+            if not number:
+                return None
+            terms.append(f"{name}{_SIGNS[op]}{float(operand)!r}")
+    return terms
+
+
 def _dotted(config: object, path: str) -> object:
     for part in path.split("."):
         if not isinstance(config, Mapping) or part not in config:
@@ -165,8 +202,10 @@ class Api:
         - ``"summary.KEY"``: the newest value of metric KEY (lowest rank).
 
         A value means equality; ``{"$lt": 0.5}`` (also ``$lte``, ``$gt``,
-        ``$gte``, ``$ne``, ``$eq``, ``$in``) compares. Equality on status, a
-        tag and config is done by the server; the rest here."""
+        ``$gte``, ``$ne``, ``$eq``, ``$in``) compares. The server applies
+        every filter it can (all but ``$in``, NaN equality and orders on
+        non-numbers, which are applied here), and the listing is read a page
+        of 10,000 runs at a time however many runs match."""
         filters = dict(filters or {})
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit={limit!r} is not a whole number >= 1")
@@ -195,30 +234,31 @@ class Api:
                     raise ValueError(f"{name} filter {condition!r}: give one tag, as a str")
                 query.append(("tag", condition))
             elif name.startswith("config.") and len(name) > len("config."):
-                if operator:
+                terms = _server_terms(name[len("config.") :], condition, config=True)
+                if terms is None:
                     local.append((name, condition))
                 else:
-                    query.append(("param", f"{name[len('config.') :]}={json.dumps(condition)}"))
+                    query.extend(("param", t) for t in terms)
             elif name.startswith("summary.") and len(name) > len("summary."):
-                summary_keys.append(name[len("summary.") :])
-                local.append((name, condition))
+                terms = _server_terms(name[len("summary.") :], condition, config=False)
+                if terms is None:
+                    summary_keys.append(name[len("summary.") :])
+                    local.append((name, condition))
+                else:
+                    query.extend(("metric", t) for t in terms)
             else:
                 raise ValueError(
                     f"unknown filter {name!r}: filter on 'status', 'tags', 'config.PATH' "
                     "or 'summary.KEY'"
                 )
-        if limit is not None and not local:
-            query.append(("limit", str(limit)))
-        infos = self._get("listing runs", "/runs", query)
-        listing = _Listing(self, [(k, v) for k, v in query if k != "limit"])
+        wanted = None if local else limit
+        infos = self._pages("listing runs", "/runs", query, wanted)
+        listing = _Listing(self, query, len(infos))
         summaries: dict[str, dict[str, float]] = {}
         for key in dict.fromkeys(summary_keys):
-            rows = self._get(
-                f"reading the newest {key!r} of every run",
-                "/latest",
-                [*[(k, v) for k, v in query if k != "limit"], ("key", key)],
-            )
-            for row in rows:
+            for row in listing.pages(
+                f"reading the newest {key!r} of every run", "/latest", [("key", key)]
+            ):
                 summaries.setdefault(row["run"], {})[key] = _number(row["value"])
         runs = []
         for info in infos:
@@ -239,6 +279,27 @@ class Api:
             if limit is not None and len(runs) == limit:
                 break
         return runs
+
+    def _pages(
+        self, what: str, path: str, query: list[tuple[str, str]], limit: int | None
+    ) -> list[Any]:
+        """Every run of a listing (at most ``limit``), a page at a time; a
+        run created meanwhile shifts the pages, so one seen twice is kept
+        once."""
+        rows: list[Any] = []
+        seen: set[str] = set()
+        offset = 0
+        while limit is None or len(rows) < limit:
+            size = _PAGE if limit is None else min(_PAGE, limit - len(rows))
+            page = self._get(what, path, [*query, ("limit", str(size)), ("offset", str(offset))])
+            for row in page:
+                if row["id"] not in seen:
+                    seen.add(row["id"])
+                    rows.append(row)
+            if len(page) < size:
+                break
+            offset += len(page)
+        return rows
 
     def run(self, id: str) -> RunRecord:
         """Run ``id``; ``LookupError`` if the server has none of that id."""
@@ -425,25 +486,34 @@ class _Listing:
     """The runs one :meth:`Api.runs` call selected on the server, whose
     summaries are read together when the first is wanted: the metric names
     of those runs (``/keys``), then the newest value of each in every run
-    (``/latest``, at most ``_LATEST_KEYS`` names a request)."""
+    (``/latest``, at most ``_LATEST_KEYS`` names a request), a page of runs
+    at a time."""
 
     _LATEST_KEYS = 100
 
-    def __init__(self, api: Api, query: list[tuple[str, str]]) -> None:
+    def __init__(self, api: Api, query: list[tuple[str, str]], runs: int) -> None:
         self._api = api
         self._query = query
+        self._runs = runs
         self._summaries: dict[str, dict[str, float]] | None = None
+
+    def pages(self, what: str, path: str, extra: list[tuple[str, str]]) -> list[Any]:
+        """``path`` (``/keys`` or ``/latest``) read for each page of the
+        listing's runs, in the listing's order; the answers concatenated."""
+        rows: list[Any] = []
+        for offset in range(0, max(self._runs, 1), _PAGE):
+            page = [("limit", str(_PAGE)), ("offset", str(offset))]
+            rows.extend(self._api._get(what, path, [*self._query, *extra, *page]))
+        return rows
 
     def summary(self, run: str) -> dict[str, float]:
         if self._summaries is None:
-            keys = self._api._get("listing the runs' metrics", "/keys", self._query)
+            keys = sorted(set(self.pages("listing the runs' metrics", "/keys", [])))
             found: dict[str, dict[str, float]] = {}
             for at in range(0, len(keys), self._LATEST_KEYS):
                 chunk = keys[at : at + self._LATEST_KEYS]
-                rows = self._api._get(
-                    "reading the runs' newest values",
-                    "/latest",
-                    [*self._query, *(("key", k) for k in chunk)],
+                rows = self.pages(
+                    "reading the runs' newest values", "/latest", [("key", k) for k in chunk]
                 )
                 for row in rows:
                     found.setdefault(row["run"], {})[row["key"]] = _number(row["value"])

@@ -183,6 +183,47 @@ def test_the_summaries_of_a_listing_are_read_together_and_match_each_runs_own(
         assert api.run(run.id).summary == summaries[run.id]
 
 
+def test_listings_are_read_a_page_at_a_time_with_the_filters_on_the_server(
+    tracking_server, tmp_path, monkeypatch
+):
+    spool = tmp_path / "spool"
+    for i in range(8):
+        log_run(
+            tracking_server, spool, f"paged-{i}", range(2), project="paged",
+            config={"lr": i / 10, "opt": "adam" if i % 2 else "sgd"}, loss=lambda s, i=i: i + s,
+        )  # fmt: skip
+    # Pages of 3 runs stand for the 10,000 a request reads: before, a
+    # listing stopped at the server's first page, silently.
+    monkeypatch.setattr(relaunch.api, "_PAGE", 3)
+    calls = []
+    real_get = relaunch.api.Api._get
+
+    def counted(self, what, path, query=()):
+        calls.append((path, dict(query).get("offset"), list(query)))
+        return real_get(self, what, path, query)
+
+    monkeypatch.setattr(relaunch.api.Api, "_get", counted)
+    api = relaunch.Api(tracking_server.url)
+    runs = api.runs("paged")
+    assert sorted(r.id for r in runs) == [f"paged-{i}" for i in range(8)]
+    assert [(p, o) for p, o, _ in calls] == [("/runs", "0"), ("/runs", "3"), ("/runs", "6")]
+    # Summaries page the same way; the newest loss of paged-i is i + 1.
+    assert {r.id: r.summary["loss"] for r in runs} == {f"paged-{i}": i + 1.0 for i in range(8)}
+
+    # Comparisons go to the server: no summaries are read to filter.
+    calls.clear()
+    got = api.runs("paged", {"summary.loss": {"$gte": 3, "$lt": 6}, "config.opt": {"$ne": "sgd"}})
+    assert [r.id for r in got] == ["paged-3"]
+    assert {p for p, _, _ in calls} == {"/runs"}
+    sent = calls[0][2]
+    assert ("metric", "loss>=3.0") in sent and ("metric", "loss<6.0") in sent
+    assert ("param", 'opt!="sgd"') in sent
+    # What the server cannot apply ($in) is applied here, on every page.
+    got = api.runs("paged", {"config.lr": {"$in": [0.1, 0.6]}, "summary.loss": {"$gt": 1}})
+    assert sorted(r.id for r in got) == ["paged-1", "paged-6"]
+    assert len(api.runs("paged", limit=4)) == 4
+
+
 def test_events_files_and_downloads_of_a_run(tracking_server, tmp_path):
     log_run(tracking_server, tmp_path / "spool", "things", range(3))
     data = tmp_path / "weights.bin"

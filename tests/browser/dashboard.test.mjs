@@ -71,6 +71,45 @@ for name, project, lr, tags in [("alpha", "vision", 0.1, ["baseline"]), ("beta",
   assert.deepEqual(w.errors, []);
 });
 
+test('more runs than a page holds: the server sorts, searches and filters them all', async (t) => {
+  const w = await World.start(t);
+  w.python(`
+import relaunch
+for i in range(12):
+    run = relaunch.init("many", name=f"m{i:02d}", config={"layers": i % 4}, tags=["odd" if i % 2 else "even"])
+    run.log({"loss": (i * 7) % 12 / 10}, step=0)
+    run.finish(timeout=60)
+`);
+  const page = await w.page();
+  // A page of 5 runs (10,000 at most without ?rows): 12 are more.
+  await page.goto(`${w.url}/?project=many&rows=5&cols=p:layers,m:loss`);
+  await until(async () => (await page.textContent('.count')).startsWith('5 of 12 runs (the first 5'), 'the first page');
+  assert.deepEqual(await shownRuns(page), ['m11', 'm10', 'm09', 'm08', 'm07']);
+  // Sorted by loss on the server, every run considered (the loss of m<i>
+  // is (7 i mod 12) / 10).
+  await page.click('table.runs thead th:text("loss")');
+  await until(async () => (await shownRuns(page)).join() === 'm05,m10,m03,m08,m01', 'the highest losses of all 12 (1.1 to 0.7)');
+  await page.click('table.runs thead th:text("loss")');
+  await until(async () => (await shownRuns(page)).join() === 'm00,m07,m02,m09,m04', 'the lowest losses (0 to 0.4)');
+  // The search goes to the server too: m03 is not among the 5 shown.
+  await page.fill('input[name=q]', 'M03');
+  await until(async () => (await shownRuns(page)).join() === 'm03', 'a run found beyond the page');
+  await page.fill('input[name=q]', '');
+  await until(async () => (await page.textContent('.count')).startsWith('5 of 12 runs'), 'the page again');
+  // Metric and param filters: loss < 0.35 keeps m00, m07, m02, m09, and
+  // layers (i mod 4) > 0 all of them but m00.
+  await page.fill('input[name=metric]', 'loss<0.35');
+  await page.fill('input[name=param]', 'layers>0');
+  await page.click('button:text("Filter")');
+  await until(async () => (await page.textContent('.count')).startsWith('3 of 3 runs'), 'the filtered runs');
+  assert.deepEqual([...await shownRuns(page)].sort(), ['m02', 'm07', 'm09']);
+  assert.match(page.url(), /metric=loss%3C0.35/);
+  await page.fill('input[name=metric]', 'loss<');
+  await page.click('button:text("Filter")');
+  await until(async () => (await page.$('p.error')) && (await page.textContent('p.error')).includes('KEY OP NUMBER'), 'a bad filter says what to write');
+  w.errors.length = 0;
+});
+
 test('a run page draws the logged series and shows a new point live', async (t) => {
   const w = await World.start(t);
   const py = w.spawn(PYTHON, ['-c', `

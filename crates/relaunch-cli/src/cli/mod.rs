@@ -82,12 +82,30 @@ pub enum Command {
 
 /// `--param PATH=VALUE`, checked for its shape before anything is sent.
 pub(crate) fn parse_param(text: &str) -> Result<String, String> {
-    match text.split_once('=') {
-        Some((path, _)) if !path.trim().is_empty() => Ok(text.to_owned()),
+    match text.find(['=', '<', '>', '!']) {
+        Some(at) if !text[..at].trim().is_empty() => Ok(text.to_owned()),
         _ => Err(format!(
-            "{text:?} is not PATH=VALUE; name a dotted config path and its value, e.g. optim.lr=0.001"
+            "{text:?} is not PATH=VALUE; name a dotted config path and its value, e.g. \
+             optim.lr=0.001 (or compare: layers>4)"
         )),
     }
+}
+
+/// `--metric KEY<OP>NUMBER`: a comparison with a number; the server checks
+/// the rest.
+pub(crate) fn parse_metric(text: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "{text:?} is not KEY OP NUMBER; name a metric, one of = != < <= > >= and a number, \
+             e.g. 'loss<0.5'"
+        )
+    };
+    let at = text.find(['=', '<', '>', '!']).ok_or_else(bad)?;
+    let value = text[at..].trim_start_matches(['=', '<', '>', '!']).trim();
+    if text[..at].trim().is_empty() || value.parse::<f64>().is_err() {
+        return Err(bad());
+    }
+    Ok(text.to_owned())
 }
 
 pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {

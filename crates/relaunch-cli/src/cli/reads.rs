@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use relaunch_api::RunStatus;
 
-use super::{parse_param, parse_seconds};
+use super::{parse_metric, parse_param, parse_seconds};
 
 /// Which tracking server to talk to; shared by every command that reads
 /// from one. The environment variables are read when the flags are absent
@@ -50,9 +50,28 @@ pub struct RunsLsArgs {
     #[arg(long, value_enum)]
     pub status: Option<StatusArg>,
 
-    /// Only runs whose config has this value at a dotted path, e.g. optim.lr=0.001 (repeatable).
+    /// Only runs whose config has this value at a dotted path, e.g. optim.lr=0.001; also
+    /// !=, and <, <=, >, >= with a number (repeatable).
     #[arg(long, value_name = "PATH=VALUE", value_parser = parse_param)]
     pub param: Vec<String>,
+
+    /// Only runs whose newest value of a metric compares so, e.g. 'loss<0.5'; OP one of
+    /// = != < <= > >= (repeatable).
+    #[arg(long, value_name = "KEY<OP>NUMBER", value_parser = parse_metric)]
+    pub metric: Vec<String>,
+
+    /// Only runs whose id, name, project, tags or notes contain this text (any case).
+    #[arg(long, value_name = "TEXT")]
+    pub search: Option<String>,
+
+    /// Order: created, updated, name, status, attempts, project, config.PATH or summary.KEY;
+    /// '-' first for descending [default: -created, newest first].
+    #[arg(long, value_name = "FIELD", allow_hyphen_values = true)]
+    pub sort: Option<String>,
+
+    /// Runs to skip, in that order, before the first listed (paging with --limit).
+    #[arg(long, value_name = "N")]
+    pub offset: Option<u32>,
 
     /// Most runs to list [default: the server's, 10000].
     #[arg(long, value_name = "N")]

@@ -16,6 +16,10 @@ pub(crate) fn ls(args: &RunsLsArgs) -> anyhow::Result<u8> {
         tag: args.tag.clone(),
         status: args.status.map(Into::into),
         param: args.param.clone(),
+        metric: args.metric.clone(),
+        q: args.search.clone(),
+        sort: args.sort.clone(),
+        offset: args.offset,
         limit: args.limit,
     };
     let runs = tracking::block_on(client.list_runs(&filter))?
