@@ -1152,10 +1152,22 @@ def test_runs_ls_and_show_on_real_data(two_runs):
         (["--param", "optim.lr=0.1"], ["cli-a"]),
         (["--param", "layers=4", "--tag", "gpu"], ["cli-a"]),
         (["--param", "optim.lr=0.5"], []),
+        (["--param", "optim.lr<0.05"], ["cli-b"]),
+        # The newest loss of the lowest rank: 1/30 for cli-a, 2.0 for cli-b.
+        (["--metric", "loss<1"], ["cli-a"]),
+        (["--metric", "loss>=1", "--metric", "loss!=3"], ["cli-b"]),
+        (["--sort", "summary.loss"], ["cli-a", "cli-b"]),
+        (["--sort", "-summary.loss"], ["cli-b", "cli-a"]),
+        (["--search", "BASELINE"], ["cli-a"]),
+        (["--sort", "created", "--limit", "1", "--offset", "1"], ["cli-b"]),
     ]:
         out = cli("runs", "ls", *url, *flags, "--format", "json")
         assert out.returncode == 0, out.stderr
         assert [r["id"] for r in json.loads(out.stdout)] == ids, flags
+    out = cli("runs", "ls", *url, "--metric", "loss")
+    assert out.returncode == 2 and "KEY OP NUMBER" in out.stderr, out.stderr
+    out = cli("runs", "ls", *url, "--sort", "size")
+    assert out.returncode != 0 and "sort by created" in out.stderr, out.stderr
     out = cli("runs", "ls", *url, "--project", "nowhere")
     assert out.returncode == 0 and "no runs on" in out.stderr
 
