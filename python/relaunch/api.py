@@ -465,9 +465,11 @@ class RunRecord:
             page = self._api._get(
                 f"reading the console of run {self.id}", f"/runs/{self.id}/logs", query
             )
-            lines.extend(page)
-            if len(page) < 10000:
+            # A page also ends at the server's byte budget (8 MiB of text):
+            # read on until a page comes back empty.
+            if not page:
                 return lines
+            lines.extend(page)
             after = page[-1]["id"]
 
     def files(self) -> list[dict[str, Any]]:

@@ -889,6 +889,65 @@ fn console_lines_and_events() {
     });
 }
 
+/// A page of console lines stops once its text reaches 8 MiB (the first
+/// line always): pages of huge lines are not read whole into memory, and
+/// reading on after the last line gets the rest.
+#[test]
+fn a_page_of_huge_console_lines_stops_at_its_byte_budget() {
+    each_backend(|s, _| {
+        s.open_run(&init("p", Some("r"), "t0"), 0.0).unwrap();
+        let big = |c: char| c.to_string().repeat(5 << 20);
+        let records = ['a', 'b', 'c']
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    i as u64 + 1,
+                    Record::Log {
+                        rank: 0,
+                        stream: Stream::Stdout,
+                        wall: 1.0,
+                        text: big(c),
+                    },
+                )
+            })
+            .chain(std::iter::once((
+                4,
+                Record::Log {
+                    rank: 0,
+                    stream: Stream::Stdout,
+                    wall: 1.0,
+                    text: "small".into(),
+                },
+            )))
+            .collect();
+        let batch = Batch {
+            writer: "w".into(),
+            attempt_token: "t0".into(),
+            records,
+        };
+        s.ingest("r", &batch, 1.0).unwrap();
+        let first = s.logs("r", None, 0, 100).unwrap();
+        assert_eq!(first.len(), 2, "5 + 5 MiB reach the 8 MiB budget");
+        assert!(first[0].text == big('a') && first[1].text == big('b'));
+        let rest = s.logs("r", None, first[1].id, 100).unwrap();
+        assert_eq!(
+            rest.iter().map(|l| l.text.len()).collect::<Vec<_>>(),
+            [5 << 20, 5]
+        );
+        assert!(s.logs("r", None, rest[1].id, 100).unwrap().is_empty());
+        // One line over the budget alone still comes whole.
+        assert_eq!(s.logs("r", None, 0, 1).unwrap()[0].text.len(), 5 << 20);
+        // The tail is the newest lines within the budget, in order.
+        let tail = s.log_tail("r", None, 100).unwrap();
+        assert_eq!(
+            tail.iter().map(|l| l.text.len()).collect::<Vec<_>>(),
+            [5 << 20, 5 << 20, 5]
+        );
+        assert_eq!(tail[2].text, "small");
+    });
+}
+
 #[test]
 fn one_log_call_of_several_keys_and_a_batch_of_a_new_attempt() {
     each_backend(|s, _| {

@@ -93,10 +93,12 @@ async fn print_lines(client: &Client, args: &LogsArgs) -> anyhow::Result<u8> {
         if !output::data(&render(&page))? {
             return Ok(0);
         }
-        if page.len() == PAGE as usize {
+        // A full page, or (the run having ended) any lines: there may be
+        // more (a page also stops at the server's byte budget,
+        // `LOG_PAGE_BYTES`). Caught up only at an empty page.
+        if page.len() == PAGE as usize || (cursor.ended && !page.is_empty()) {
             continue;
         }
-        // Caught up.
         if cursor.ended {
             return Ok(0);
         }

@@ -62,6 +62,7 @@ use super::downsample::{ChunkMeta, assemble};
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::sqlite::Durability;
 use super::{Storage, StorageError};
+use postgres::fallible_iterator::FallibleIterator as _;
 
 type Manager = PostgresConnectionManager<NoTls>;
 
@@ -647,32 +648,34 @@ impl Storage for PgStorage {
         self.read(|tx| {
             get_run(tx, run)?;
             let after = i64::try_from(after).unwrap_or(i64::MAX);
-            Ok(tx
-                .query(
-                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
-                     WHERE run_id = $1 AND id > $2 AND ($3::BIGINT IS NULL OR rank = $3) \
-                     ORDER BY id LIMIT $4",
-                    &[&run, &after, &rank.map(int), &int(limit.min(MAX_PAGE))],
-                )?
-                .iter()
-                .map(log_line)
-                .collect())
+            // Rows as they arrive (query_raw does not buffer the answer),
+            // so a page stops at its byte budget without holding the rest.
+            let params: [&(dyn postgres::types::ToSql + Sync); 4] =
+                [&run, &after, &rank.map(int), &int(limit.min(MAX_PAGE))];
+            let rows = tx.query_raw(
+                "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                 WHERE run_id = $1 AND id > $2 AND ($3::BIGINT IS NULL OR rank = $3) \
+                 ORDER BY id LIMIT $4",
+                params,
+            )?;
+            Ok(runs::log_page(
+                rows.iterator().map(|r| r.map(|r| log_line(&r))),
+            )?)
         })
     }
 
     fn log_tail(&self, run: &str, rank: Option<u32>, n: u32) -> Result<Vec<LogLine>, StorageError> {
         self.read(|tx| {
             get_run(tx, run)?;
-            let mut rows: Vec<LogLine> = tx
-                .query(
-                    "SELECT id, rank, stream, attempt, wall, text FROM logs \
-                     WHERE run_id = $1 AND ($2::BIGINT IS NULL OR rank = $2) \
-                     ORDER BY id DESC LIMIT $3",
-                    &[&run, &rank.map(int), &int(n.min(MAX_PAGE))],
-                )?
-                .iter()
-                .map(log_line)
-                .collect();
+            let params: [&(dyn postgres::types::ToSql + Sync); 3] =
+                [&run, &rank.map(int), &int(n.min(MAX_PAGE))];
+            let rows = tx.query_raw(
+                "SELECT id, rank, stream, attempt, wall, text FROM logs \
+                 WHERE run_id = $1 AND ($2::BIGINT IS NULL OR rank = $2) \
+                 ORDER BY id DESC LIMIT $3",
+                params,
+            )?;
+            let mut rows = runs::log_page(rows.iterator().map(|r| r.map(|r| log_line(&r))))?;
             rows.reverse();
             Ok(rows)
         })

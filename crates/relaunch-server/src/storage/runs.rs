@@ -1,10 +1,11 @@
 //! Run-level rules every backend applies the same way: new run ids, which
 //! project a resumed run keeps, attempts' order, what stored JSON columns
-//! decode to, and the messages of what is not found.
+//! decode to, the messages of what is not found, and how much a page of
+//! console lines holds.
 
 use std::collections::HashMap;
 
-use relaunch_api::{ChunkRef, Series, SeriesPoint, SeriesQuery};
+use relaunch_api::{ChunkRef, LogLine, Series, SeriesPoint, SeriesQuery};
 use serde_json::Value;
 
 use super::StorageError;
@@ -109,3 +110,25 @@ pub fn no_file(run: &str, name: &str) -> StorageError {
 
 /// Listings and pages return at most this many rows.
 pub const MAX_PAGE: u32 = 100_000;
+
+/// Bytes of text a page of console lines holds at most: lines are taken
+/// until their text reaches it (the first line always, however long), so
+/// a page of huge lines is not read whole into memory. A client that gets
+/// fewer lines than it asked for asks again after the last one.
+pub const LOG_PAGE_BYTES: usize = 8 << 20;
+
+/// The lines of `rows`, in order, taken until their text reaches
+/// [`LOG_PAGE_BYTES`]; the rest are not read.
+pub fn log_page<E>(rows: impl Iterator<Item = Result<LogLine, E>>) -> Result<Vec<LogLine>, E> {
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for row in rows {
+        let line = row?;
+        bytes += line.text.len();
+        page.push(line);
+        if bytes >= LOG_PAGE_BYTES {
+            break;
+        }
+    }
+    Ok(page)
+}

@@ -539,10 +539,8 @@ impl Storage for SqliteStorage {
                 .map_err(backend)?;
             let rows = stmt
                 .query_map(params![run, after, rank, limit.min(MAX_PAGE)], log_line)
-                .map_err(backend)?
-                .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
-            Ok(rows)
+            runs::log_page(rows).map_err(backend)
         })
     }
 
@@ -555,11 +553,10 @@ impl Storage for SqliteStorage {
                      WHERE run_id = ?1 AND (?2 IS NULL OR rank = ?2) ORDER BY id DESC LIMIT ?3",
                 )
                 .map_err(backend)?;
-            let mut rows = stmt
+            let rows = stmt
                 .query_map(params![run, rank, n.min(MAX_PAGE)], log_line)
-                .map_err(backend)?
-                .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
+            let mut rows = runs::log_page(rows).map_err(backend)?;
             rows.reverse();
             Ok(rows)
         })
