@@ -11,6 +11,13 @@ source "$ROOT/scripts/slurm.sh"
 
 ensure_system_packages
 ensure_venv
+# The client's default spool directory ($XDG_STATE_HOME/relaunch/runs) is
+# this run's, not the machine user's; python/tests' conftest gives each
+# test one of its own as well.
+XDG_STATE_HOME="$(mktemp -d "${TMPDIR:-/tmp}/relaunch-test-state.XXXXXX")"
+export XDG_STATE_HOME
+remove_test_state() { rm -rf "$XDG_STATE_HOME"; }
+on_exit remove_test_state
 # The storage suite runs on PostgreSQL too; without it those runs say
 # they are skipped (and fail under CI).
 start_test_postgres || true

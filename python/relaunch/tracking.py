@@ -64,8 +64,9 @@ def init(
 
     ``server`` defaults to ``RELAUNCH_SERVER``; with neither (or with
     ``offline=True``) records stay in the spool under ``dir`` (default
-    ``RELAUNCH_DIR``, else ``./relaunch-runs``) until ``relaunch sync``
-    uploads them. ``id`` defaults to ``RELAUNCH_RUN_ID`` (set by ``relaunch
+    ``RELAUNCH_DIR``, else ``$XDG_STATE_HOME/relaunch/runs``, else
+    ``~/.local/state/relaunch/runs``: out of the working tree) until
+    ``relaunch sync`` uploads them. ``id`` defaults to ``RELAUNCH_RUN_ID`` (set by ``relaunch
     run``, the same across restarts), else a new id. ``config`` is any
     JSON-like mapping, a dataclass or an ``argparse.Namespace``; ``rank``
     defaults to ``RANK``. The server is never contacted here: a server that

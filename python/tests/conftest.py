@@ -58,6 +58,16 @@ class TorchServer:
             self.proc.wait()
 
 
+@pytest.fixture(autouse=True)
+def _state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own XDG state directory: the client's default spool
+    directory (``$XDG_STATE_HOME/relaunch/runs``) is the test's, inherited by
+    the processes it starts, never the machine user's."""
+    state = tmp_path / "xdg-state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
 @pytest.fixture
 def hosts(request: pytest.FixtureRequest) -> Iterator[netns.Hosts]:
     """Three hosts on one machine (``@pytest.mark.hosts(N)`` for N), each a

@@ -221,17 +221,22 @@ def test_with_the_server_down_the_job_runs_and_sync_ships_it_later(
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err  # training never waited on the server
     assert "relaunch sync" in err and "kept in" in err, err
-    spools = tmp_path / "relaunch-runs"
+    # The default spool directory is the user's state directory, not the
+    # working directory (the conftest gives each test its own).
+    spools = tmp_path / "xdg-state" / "relaunch" / "runs"
     assert (spools / "job-c").is_dir()
+    assert not (tmp_path / "relaunch-runs").exists()
 
     server.start()
+    # Without DIR, `relaunch sync` ships the default directory.
     sync = subprocess.run(
-        [*RELAUNCH, "sync", spools, "--server", server.url],
+        [*RELAUNCH, "sync", "--server", server.url],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert sync.returncode == 0, sync.stdout + sync.stderr
+    assert str(spools) in sync.stdout, sync.stdout
     run = get(server, "/runs/job-c")
     assert isinstance(run, dict) and run["status"] == "finished", run
     for rank in (0, 1):

@@ -479,6 +479,22 @@ def test_log_never_blocks_while_the_server_is_down_for_10_seconds(
 # --- 4. offline, then relaunch sync ------------------------------------------
 
 
+def test_the_default_spool_is_the_users_state_directory_not_the_working_tree(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    run = relaunch.init("where", id="where-1", offline=True)
+    run.log({"loss": 1.0}, step=0)
+    run.finish(timeout=30)
+    assert list(work.iterdir()) == []  # nothing in the working tree
+    state = tmp_path / "xdg-state" / "relaunch" / "runs"  # conftest's XDG_STATE_HOME
+    assert (state / "where-1").is_dir()
+    # RELAUNCH_DIR still wins.
+    monkeypatch.setenv("RELAUNCH_DIR", str(tmp_path / "mine"))
+    relaunch.init("where", id="where-2", offline=True).finish(timeout=30)
+    assert (tmp_path / "mine" / "where-2").is_dir()
+
+
 def test_an_offline_run_is_shipped_by_sync_once_the_server_is_up(
     tracking_server, tmp_path, open_runs
 ):

@@ -13,7 +13,8 @@ pub const PROJECT: &str = "RELAUNCH_PROJECT";
 pub const SERVER: &str = crate::http::SERVER_ENV;
 /// The server's access token.
 pub const SERVER_TOKEN: &str = crate::http::TOKEN_ENV;
-/// The client's directory (spools of every run); `./relaunch-runs` by default.
+/// The client's directory (spools of every run); `crate::local::default_dir()`
+/// by default.
 pub const DIR: &str = crate::local::DIR_ENV;
 /// The process's global rank, as torch sets it.
 pub const RANK: &str = "RANK";

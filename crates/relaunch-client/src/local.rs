@@ -26,10 +26,25 @@ use crate::error::ClientError;
 use crate::http::check_run_id;
 use crate::spool::{Spool, SpoolLock};
 
-/// The directory used when neither an argument nor `RELAUNCH_DIR` names one.
-pub const DEFAULT_DIR: &str = "relaunch-runs";
 /// The environment variable naming the client's directory.
 pub const DIR_ENV: &str = "RELAUNCH_DIR";
+
+/// The client's directory when neither an argument nor `RELAUNCH_DIR` names
+/// one: `$XDG_STATE_HOME/relaunch/runs`, else `~/.local/state/relaunch/runs`
+/// (out of the user's working tree; state rather than cache, since a spool
+/// holds records the server does not have yet, which a cache cleaner must
+/// not delete); `./relaunch-runs` only where neither is set.
+pub fn default_dir() -> PathBuf {
+    let absolute = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    absolute("XDG_STATE_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".local").join("state")))
+        .map(|state| state.join("relaunch").join("runs"))
+        .unwrap_or_else(|| PathBuf::from("relaunch-runs"))
+}
 const WRITER_FILE: &str = "writer.json";
 /// Ends the temporary name of a writer's directory while it is created.
 const CREATING_SUFFIX: &str = ".creating";
@@ -140,8 +155,9 @@ pub fn find_writers(root: &Path) -> Result<Vec<Found>, ClientError> {
     }
     if !meta.is_dir() {
         return Err(ClientError::Config(format!(
-            "{} is not a directory; give the client's directory (default ./{DEFAULT_DIR}) or one run's",
-            root.display()
+            "{} is not a directory; give the client's directory (default {}) or one run's",
+            root.display(),
+            default_dir().display()
         )));
     }
     let mut found = Vec::new();

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::env;
 use crate::error::ClientError;
 use crate::http::{Client, check_run_id, normalize_server};
-use crate::local::{self, DEFAULT_DIR, WriterInfo};
+use crate::local::{self, WriterInfo};
 use crate::shipper::{Outbox, Shipper};
 use crate::spool::{Spool, SpoolError, SpoolOptions};
 use crate::uploads::{self, Uploader};
@@ -39,7 +39,7 @@ pub struct RunOptions {
     pub token: Option<String>,
     /// Log to the spool only, ship nothing (`relaunch sync` ships it later).
     pub offline: bool,
-    /// The client's directory; `RELAUNCH_DIR`, else `./relaunch-runs`.
+    /// The client's directory; `RELAUNCH_DIR`, else [`local::default_dir`].
     pub dir: Option<PathBuf>,
     /// The rank records are logged as; `RANK`, else 0.
     pub rank: Option<u32>,
@@ -173,7 +173,7 @@ impl Run {
             .dir
             .clone()
             .or_else(|| env::var(env::DIR).map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+            .unwrap_or_else(local::default_dir);
         let prefix = options
             .writer_prefix
             .clone()

@@ -291,9 +291,10 @@ pub enum ExportFormat {
                   Exit code 1 when any spool was not shipped."
 )]
 pub struct SyncArgs {
-    /// The client's directory (default ./relaunch-runs), one run's, or one writer's.
+    /// The client's directory, one run's, or one writer's [default: RELAUNCH_DIR, else
+    /// $XDG_STATE_HOME/relaunch/runs, else ~/.local/state/relaunch/runs].
     #[arg(value_name = "DIR")]
-    pub dir: PathBuf,
+    pub dir: Option<PathBuf>,
 
     #[command(flatten)]
     pub connection: ServerConnection,

@@ -346,7 +346,8 @@ pub struct RunArgs {
     )]
     pub project: Option<String>,
 
-    /// Where records wait until the server has them (spools) [default: ./relaunch-runs].
+    /// Where records wait until the server has them (spools) [default:
+    /// $XDG_STATE_HOME/relaunch/runs, else ~/.local/state/relaunch/runs].
     #[arg(
         long = "tracking-dir",
         env = "RELAUNCH_DIR",

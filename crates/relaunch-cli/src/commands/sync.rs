@@ -1,5 +1,6 @@
-//! `relaunch sync DIR`: ships the spools under a directory (runs logged
-//! offline, or left by processes that died) and reports each one.
+//! `relaunch sync [DIR]`: ships the spools under a directory (runs logged
+//! offline, or left by processes that died) and reports each one; without
+//! DIR, the client's directory (`RELAUNCH_DIR`, else the default).
 
 use relaunch_client::sync::{Outcome, Report, SyncOptions, sync};
 
@@ -19,10 +20,15 @@ pub(crate) fn run(args: &SyncArgs) -> anyhow::Result<u8> {
         token: tracking::token(&args.connection),
         timeout: args.timeout,
     };
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        relaunch_client::env::var(relaunch_client::local::DIR_ENV)
+            .map(Into::into)
+            .unwrap_or_else(relaunch_client::local::default_dir)
+    });
     // Blocking, with a runtime of its own: not called from inside one.
-    let reports = sync(&args.dir, &options)?;
+    let reports = sync(&dir, &options)?;
     let mut text: String = reports.iter().map(line).collect();
-    text.push_str(&summary(&args.dir.display().to_string(), &reports));
+    text.push_str(&summary(&dir.display().to_string(), &reports));
     output::data(&text)?;
     let failed = reports
         .iter()

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use relaunch_client::http::{TOKEN_ENV, normalize_server};
-use relaunch_client::local::DEFAULT_DIR;
 use relaunch_launch::config::{
     DEFAULT_PREFIX_TEMPLATE, DEFAULT_SIGNALS, DuplicateFilters, Entrypoint, LaunchConfig, NProc,
     NodeRange, RendezvousConfig, WorkerTty, parse_signals,
@@ -691,7 +690,7 @@ fn tracking(
     let dir = args
         .tracking_dir
         .clone()
-        .unwrap_or_else(|| DEFAULT_DIR.into());
+        .unwrap_or_else(relaunch_client::local::default_dir);
     // Workers may change directory; they get it absolute.
     let dir =
         std::path::absolute(&dir).map_err(|e| format!("--tracking-dir {}: {e}", dir.display()))?;
