@@ -868,7 +868,10 @@ def test_batches_are_stored_once_and_garbage_bodies_are_refused(tracking_server)
     for query, says in [
         ("runs?status=bogus", "is not one of running"),
         ("runs?color=red", "unknown filter"),
-        ("runs?limit=many", "is not a number"),
+        ("runs?limit=many", "is not a whole number"),
+        ("runs?offset=-3", "is not a whole number"),
+        ("runs?metric=loss", "KEY OP NUMBER"),
+        ("runs?sort=size", "sort by created"),
         ("runs/raw/series", "a series needs ?key=NAME"),
         ("runs/raw/series?key=v&buckets=0", "buckets must be 1 to 100000"),
         ("runs/raw/series?key=v&buckets=lots", "a series needs ?key=NAME"),
