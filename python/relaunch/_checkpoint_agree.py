@@ -97,7 +97,13 @@ class Coordinator:
     def key(self, n: int, name: str) -> str:
         return f"{self.prefix}{n}/{name}"
 
-    def _wait_keys(self, n: int, keys: list[str], what: str) -> None:
+    def delete_with_next_round(self, keys: list[str]) -> None:
+        """Deletes ``keys`` of this round's store when the next round is
+        decided, with the round's own keys (a caller's extra keys of a round:
+        cycling_utils' AtomicDirectory)."""
+        self._previous += [k for k in keys if k not in self._previous]
+
+    def wait_keys(self, n: int, keys: list[str], what: str) -> None:
         """``store.wait(keys, timeout)``, giving up early if a rank of the attempt failed.
 
         Raises TimeoutError after ``timeout`` as ``store.wait`` does, and
@@ -125,9 +131,9 @@ class Coordinator:
             f"{failure or 'a rank failed'}"
         )
 
-    def _wait(self, n: int, key: str, what: str, arrived_key: str | None = None) -> bytes:
+    def wait_key(self, n: int, key: str, what: str, arrived_key: str | None = None) -> bytes:
         try:
-            self._wait_keys(n, [key], what)
+            self.wait_keys(n, [key], what)
         except TimeoutError:
             missing = ""
             if arrived_key is not None:
@@ -163,7 +169,7 @@ class Coordinator:
                 for key in self._previous:
                     store.delete_key(key)
                 store.set(self.key(n, "decision"), json.dumps(decision))
-            raw = self._wait(
+            raw = self.wait_key(
                 n, self.key(n, "decision"), "every rank to call save()", self.key(n, "ballots")
             )
             decision = json.loads(raw)
@@ -210,7 +216,7 @@ class Coordinator:
         store.append(self.key(n, "writers"), f"{self.rank};")
         if store.add(self.key(n, "written"), 1) == self.world:
             store.compare_set(outcome, "", "ok")
-        raw = self._wait(n, outcome, "every rank to finish writing", self.key(n, "writers"))
+        raw = self.wait_key(n, outcome, "every rank to finish writing", self.key(n, "writers"))
         if raw != b"ok":
             raise CheckpointError(f"checkpoint aborted: {raw.decode()[len('abort: ') :]}")
 
@@ -220,7 +226,7 @@ class Coordinator:
     def reports(self, n: int) -> list[dict[str, Any]]:
         keys = [self.key(n, f"report/{r}") for r in range(1, self.world)]
         try:
-            self._wait_keys(n, keys, "the file reports of the other ranks")
+            self.wait_keys(n, keys, "the file reports of the other ranks")
         except TimeoutError:
             absent = [r for r, k in enumerate(keys, 1) if not self.store.check([k])]
             raise CheckpointError(
@@ -233,7 +239,7 @@ class Coordinator:
         self.store.set(self.key(n, "commit"), outcome)
 
     def committed(self, n: int) -> None:
-        raw = self._wait(n, self.key(n, "commit"), "rank 0 to commit").decode()
+        raw = self.wait_key(n, self.key(n, "commit"), "rank 0 to commit").decode()
         if raw != "ok":
             raise CheckpointError(f"rank 0 could not commit the checkpoint: {raw}")
 

@@ -1,39 +1,49 @@
 """cycling_utils' API on relaunch: change ``from cycling_utils import ...`` to
-``from relaunch.compat.cycling_utils import ...`` and nothing else.
+``from relaunch.compat.cycling_utils import ...`` (and
+``cycling_utils.X`` to ``relaunch.compat.cycling_utils.X``) and nothing else.
 
-- :func:`atomic_torch_save` and :class:`AtomicDirectory` (``saving``): the
-  same calls, on :class:`relaunch.Checkpointer`, so a checkpoint directory
-  is committed atomically with a verified manifest and fsynced, and an old
-  one is deleted only after the new one is committed.
-- :class:`InterruptableDistributedSampler` and :class:`InterruptableSampler`
-  (``sampler``; also spelt ``Interruptible...``): the same calls, on
+The names and modules of cycling_utils 0.0.3:
+
+- ``saving``: :func:`atomic_torch_save` and :class:`AtomicDirectory`, with
+  cycling_utils' ``NAME_checkpoint_N[_force]`` directories and
+  ``NAME.latest_checkpoint`` link, committed the way
+  :class:`relaunch.Checkpointer` commits (every rank's files fsynced and
+  hashed into a manifest before the link moves; ranks agree through
+  relaunch's store; old checkpoints deleted only after the new one is
+  committed).
+- ``sampler``: :class:`InterruptableDistributedSampler` and
+  :class:`InterruptableSampler` (also spelt ``Interruptible...``), on
   :class:`relaunch.InterruptibleSampler`, so a resume continues the epoch's
-  global order exactly, with the same or another world size, and every epoch
-  is shuffled anew.
-- :class:`MetricsTracker` and :class:`TimestampedTimer` (``metrics``).
+  global order exactly, with the same or another world size, and every
+  epoch is shuffled anew; :class:`InterruptableDistributedGroupedBatchSampler`.
+  States load across the two packages (see the module).
+- ``datasets``: :class:`DistributedShardedDataset`, without torchvision.
+- ``metrics``: :class:`MetricsTracker`; ``timing``: :class:`TimestampedTimer`.
 
-Differences from cycling_utils 0.0.3 are listed in each module and in the
-README ("Coming from cycling_utils"). Not provided:
-``DistributedShardedDataset`` (an in-memory image-folder loader, not about
-interruption; use a map-style dataset with the sampler) and
-``InterruptableDistributedGroupedBatchSampler``.
+Every difference from cycling_utils 0.0.3 is listed in its module and in
+the migration guide (docs/guides/cycling-utils.md).
 """
 
-from relaunch.compat.cycling_utils.metrics import MetricsTracker, TimestampedTimer
+from relaunch.compat.cycling_utils.datasets import DistributedShardedDataset
+from relaunch.compat.cycling_utils.metrics import MetricsTracker
 from relaunch.compat.cycling_utils.sampler import (
     AdvancedTooFarError,
     HasNotResetProgressError,
+    InterruptableDistributedGroupedBatchSampler,
     InterruptableDistributedSampler,
     InterruptableSampler,
     InterruptibleDistributedSampler,
     InterruptibleSampler,
 )
 from relaunch.compat.cycling_utils.saving import AtomicDirectory, atomic_torch_save
+from relaunch.compat.cycling_utils.timing import TimestampedTimer
 
 __all__ = [
     "AdvancedTooFarError",
     "AtomicDirectory",
+    "DistributedShardedDataset",
     "HasNotResetProgressError",
+    "InterruptableDistributedGroupedBatchSampler",
     "InterruptableDistributedSampler",
     "InterruptableSampler",
     "InterruptibleDistributedSampler",
