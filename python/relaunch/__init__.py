@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from relaunch.api import Api
     from relaunch.checkpoint import Checkpoint, Checkpointer
     from relaunch.files import download, upload_file
-    from relaunch.media import Histogram, Image
+    from relaunch.media import Histogram, Image, Video
     from relaunch.processes import start_processes
     from relaunch.sampler import InterruptibleSampler
 
@@ -44,6 +44,7 @@ _LAZY = {
     "Api": "relaunch.api",
     "Histogram": "relaunch.media",
     "Image": "relaunch.media",
+    "Video": "relaunch.media",
     "Checkpoint": "relaunch.checkpoint",
     "Checkpointer": "relaunch.checkpoint",
     "InterruptibleSampler": "relaunch.sampler",
@@ -87,6 +88,7 @@ __all__ = [
     "TrackingError",
     "TrackingRejectedError",
     "TrackingTimeoutError",
+    "Video",
     "__version__",
     "download",
     "heartbeat",

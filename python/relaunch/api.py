@@ -418,9 +418,11 @@ class RunRecord:
         return self._api._get(f"reading the events of run {self.id}", f"/runs/{self.id}/events")
 
     def media(self, key: str | None = None) -> list[dict[str, Any]]:
-        """The images logged (of ``key`` only, when given), oldest first:
-        ``{"key", "step", "file", "format", "width", "height", "caption",
-        "attempt", "wall"}``; :meth:`image` reads one."""
+        """The images and videos logged (of ``key`` only, when given), oldest
+        first: ``{"key", "step", "type", "file", "format", "width", "height",
+        "caption", "attempt", "wall"}``, ``type`` being ``"image"`` or
+        ``"video"`` (a video also has ``"frames"`` and ``"fps"``, None for a
+        file logged as it was); :meth:`image` and :meth:`video` read one."""
         return self._logged("media", key)
 
     def histograms(self, key: str | None = None) -> list[dict[str, Any]]:
@@ -443,15 +445,20 @@ class RunRecord:
     def image(self, entry: dict[str, Any] | str) -> bytes:
         """The encoded bytes (PNG, JPEG or GIF) of an image :meth:`media`
         listed, or of its ``file``; ``PIL.Image.open(io.BytesIO(...))`` opens
-        them."""
+        them. A video's entry gives its bytes too."""
         name = entry["file"] if isinstance(entry, dict) else entry
         if not isinstance(name, str) or not name.startswith("media/"):
-            raise ValueError(f"{name!r} is not an image file of the run (one media() lists)")
+            raise ValueError(f"{name!r} is not a media file of the run (one media() lists)")
         import tempfile
 
-        with tempfile.TemporaryDirectory(prefix="relaunch-image-") as tmp:
-            path = self.download(name, Path(tmp) / "image")
+        with tempfile.TemporaryDirectory(prefix="relaunch-media-") as tmp:
+            path = self.download(name, Path(tmp) / "media")
             return path.read_bytes()
+
+    def video(self, entry: dict[str, Any] | str) -> bytes:
+        """The encoded bytes (GIF, MP4 or WebM, as its ``format`` says) of a
+        video :meth:`media` listed, or of its ``file``."""
+        return self.image(entry)
 
     def logs(self, rank: int | None = None) -> list[dict[str, Any]]:
         """Every console line of the run (of one rank when given), oldest

@@ -138,11 +138,14 @@ class Run:
     failed when an exception left it.
     """
 
-    __slots__ = ("__weakref__", "_log", "_native", "_state")
+    __slots__ = ("__weakref__", "_log", "_native", "_next", "_state")
 
     def __init__(self, native: _native.Run) -> None:
         self._native = native
         self._log = native.log
+        # The step a log() without one takes next (the client's own counter,
+        # mirrored): where media saved between rows belong.
+        self._next = 0
         # "open", "finished", "closed" (left unshipped in the spool), or
         # "disowned" (a forked child's copy).
         self._state = "open"
@@ -185,38 +188,49 @@ class Run:
         for the network.
         """
         try:
-            return self._log(values, step)
+            used = self._log(values, step)
         except TypeError:
             if isinstance(values, Mapping) and _holds_media(values):
-                return self._log_media(values, step)
-            if isinstance(values, Mapping) and not isinstance(values, dict):
-                return self._log(dict(values), step)
-            if not isinstance(values, Mapping):
+                used = self._log_media(values, step)
+            elif isinstance(values, Mapping) and not isinstance(values, dict):
+                used = self._log(dict(values), step)
+            elif not isinstance(values, Mapping):
                 raise TypeError(
                     f"log() takes a dict of names to numbers, not {type(values).__name__}"
                 ) from None
-            raise
+            else:
+                raise
+        if used >= self._next:
+            self._next = used + 1
+        return used
 
     def event(self, kind: str, text: str = "", data: Mapping[str, object] | None = None) -> None:
         """Record an event of the run (``text`` says what happened, ``data`` adds detail)."""
         self._native.event(kind, text, None if data is None else json.dumps(_plain(data, "data")))
 
     def _log_media(self, values: Mapping[str, object], step: int | None) -> int:
-        """:meth:`log` of values some of which are :class:`relaunch.Image` or
-        :class:`relaunch.Histogram`: the numbers as usual, then each image
-        saved as a file of the run with a ``media`` event at the same step,
-        and each histogram as a ``histogram`` event."""
-        import tempfile
-
-        from relaunch.media import Image
-
+        """:meth:`log` of values some of which are :class:`relaunch.Image`,
+        :class:`relaunch.Video` or :class:`relaunch.Histogram`: the numbers as
+        usual, then the media at the same step (:meth:`_save_media`)."""
         numbers: dict[str, object] = {}
         media: dict[str, object] = {}
         _split_media(values, "", numbers, media)
         used = self._log(numbers, step)
+        self._save_media(media, used)
+        return used
+
+    def _save_media(self, media: Mapping[str, object], step: int) -> None:
+        """Each image and video saved as a file of the run, named by its
+        content (``media/KEY/STEP-DIGEST.FORMAT``), with a ``media`` event at
+        ``step``; each histogram a ``histogram`` event. Logs no numbers, so
+        the step counter of :meth:`log` is left as it is."""
+        import tempfile
+
+        from relaunch.media import Image, Video
+
         for key, item in media.items():
-            if isinstance(item, Image):
-                name = f"media/{key}/{used}-{item.digest}.{item.format}"
+            if isinstance(item, (Image, Video)):
+                name = f"media/{key}/{step}-{item.digest}.{item.format}"
                 fd, tmp = tempfile.mkstemp(prefix=".media-", dir=os.path.dirname(self.dir))
                 try:
                     with os.fdopen(fd, "wb") as f:
@@ -225,21 +239,23 @@ class Run:
                 finally:
                     if os.path.exists(tmp):
                         os.unlink(tmp)
-                data = {
+                data: dict[str, object] = {
                     "key": key,
-                    "step": used,
-                    "type": "image",
+                    "step": step,
+                    "type": "image" if isinstance(item, Image) else "video",
                     "file": name,
                     "format": item.format,
                     "width": item.width,
                     "height": item.height,
                     "caption": item.caption,
                 }
+                if isinstance(item, Video):
+                    data["frames"] = item.frames
+                    data["fps"] = item.fps
                 self._native.event("media", "", json.dumps(data))
             else:
-                data = {"key": key, "step": used, **item.data()}  # type: ignore[attr-defined]
+                data = {"key": key, "step": step, **item.data()}  # type: ignore[attr-defined]
                 self._native.event("histogram", "", json.dumps(data))
-        return used
 
     def alert(self, title: str, text: str = "", level: str = "warn") -> None:
         """Raise an alert: the server posts it to its webhooks (``relaunch server

@@ -418,6 +418,82 @@ print(run.id)
   assert.deepEqual(w.errors, []);
 });
 
+test('videos: an animated GIF plays as an image, a WebM in a video player', async (t) => {
+  const w = await World.start(t);
+  const page = await w.page();
+  // A WebM made by the browser itself (a canvas recorded), so that the test
+  // needs no encoder: the Python client logs the file as it is.
+  await page.goto(`${w.url}/`);
+  const webm = await page.evaluate(async () => {
+    const canvas = document.createElement('canvas');
+    canvas.width = 64; canvas.height = 48;
+    const g = canvas.getContext('2d');
+    const recorder = new MediaRecorder(canvas.captureStream(25), { mimeType: 'video/webm' });
+    const chunks = [];
+    recorder.ondataavailable = (e) => chunks.push(e.data);
+    const stopped = new Promise((r) => { recorder.onstop = r; });
+    recorder.start();
+    for (let i = 0; i < 20; i++) {
+      g.fillStyle = i % 2 ? '#00f' : '#f00';
+      g.fillRect(0, 0, 64, 48);
+      await new Promise((r) => setTimeout(r, 40));
+    }
+    recorder.stop();
+    await stopped;
+    const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
+    let text = '';
+    for (const b of bytes) text += String.fromCharCode(b);
+    return btoa(text);
+  });
+  const clip = join(w.dir, 'clip.webm');
+  writeFileSync(clip, Buffer.from(webm, 'base64'));
+  const id = w.python(`
+import numpy, relaunch
+run = relaunch.init("videos", name="rollouts")
+frames = numpy.zeros((2, 16, 16, 3), dtype=numpy.uint8)
+frames[0, :, :, 0] = 255
+frames[1, :, :, 2] = 255
+run.log({"loss": 1.0, "rollout": relaunch.Video(frames, fps=2, caption="red then blue"),
+         "clip": relaunch.Video(${JSON.stringify(clip)})}, step=3)
+run.finish(timeout=60)
+print(run.id)
+`);
+  await page.goto(`${w.url}/runs/${id}?tab=media`);
+  await page.waitForSelector('section[data-key="rollout"] img.media-video');
+  // The GIF animates: both its frames are seen on the page, in turn (a
+  // canvas would only ever draw an animation's first frame: screenshots).
+  const gif = page.locator('section[data-key="rollout"] img.media-video');
+  await until(() => gif.evaluate((img) => img.complete && img.naturalWidth === 16), 'the GIF loaded');
+  const seen = new Set();
+  await until(async () => {
+    const shot = (await gif.screenshot()).toString('base64');
+    const rgb = await page.evaluate(async (b64) => {
+      const img = new Image();
+      img.src = `data:image/png;base64,${b64}`;
+      await img.decode();
+      const c = document.createElement('canvas');
+      c.width = img.naturalWidth; c.height = img.naturalHeight;
+      const g = c.getContext('2d');
+      g.drawImage(img, 0, 0);
+      return [...g.getImageData(c.width >> 1, c.height >> 1, 1, 1).data.slice(0, 3)];
+    }, shot);
+    seen.add(rgb.join(','));
+    return seen.has('255,0,0') && seen.has('0,0,255');
+  }, `both frames of the GIF (seen ${[...seen].join(' ')})`);
+  assert.match(await page.textContent('section[data-key="rollout"] figcaption'), /red then blue · step 3 · 2 frames at 2 fps/);
+  // The WebM: a video element, served as video/webm, playing by itself.
+  const played = await until(() => page.evaluate(() => {
+    const v = document.querySelector('section[data-key="clip"] video.media-video');
+    return v && v.readyState >= 2 && v.videoWidth === 64 && !v.paused && v.currentTime > 0
+      && { width: v.videoWidth, height: v.videoHeight, src: v.getAttribute('src') };
+  }), 'the WebM playing');
+  assert.equal(played.height, 48);
+  const type = await page.evaluate(async (src) => (await fetch(src)).headers.get('content-type'), played.src);
+  assert.equal(type, 'video/webm');
+  await w.screenshot(page, 'run-videos');
+  assert.deepEqual(w.errors, []);
+});
+
 test('with a token the page asks for it once, remembers it, and downloads with it', async (t) => {
   const w = await World.start(t, { token: 's3cret-token' });
   const src = join(w.dir, 'a.txt');

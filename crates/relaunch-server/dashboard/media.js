@@ -1,8 +1,9 @@
-// Images and histograms logged with relaunch.Image / relaunch.Histogram:
-// a panel per key with a step slider (the run page's media tab), and the
-// same panels with the chosen runs side by side (the compare page). What
-// was logged comes from the run's `media` and `histogram` events; images
-// are the run's files.
+// Images, videos and histograms logged with relaunch.Image / relaunch.Video
+// / relaunch.Histogram: a panel per key with a step slider (the run page's
+// media tab), and the same panels with the chosen runs side by side (the
+// compare page). What was logged comes from the run's `media` and
+// `histogram` events; images and videos are the run's files (an animated
+// GIF shows as an image, MP4 and WebM in a video player).
 
 import { api, fileUrl } from './api.js';
 import { PALETTE, h } from './util.js';
@@ -30,21 +31,31 @@ function atStep(list, step) {
 }
 
 /**
- * An image; a file just logged may not be uploaded yet, so a failed load
- * is tried again a few times.
+ * An image or a video; a file just logged may not be uploaded yet, so a
+ * failed load is tried again a few times.
  */
 function image(run, m) {
   if (!m) return h('p', { class: 'empty' }, 'nothing logged yet at this step');
+  const video = m.type === 'video';
+  const player = video && m.format !== 'gif';
   let tries = 0;
-  const img = h('img', {
-    class: 'media-image', src: fileUrl(run, m.file), alt: m.caption || m.key,
-    'data-step': m.step, width: m.width || undefined, height: m.height || undefined,
+  const attrs = {
+    src: fileUrl(run, m.file), 'data-step': m.step,
+    width: m.width || undefined, height: m.height || undefined,
+  };
+  const el = player
+    // Muted, so that the browser lets it play by itself; looped, as a GIF is.
+    ? h('video', {
+      ...attrs, class: 'media-video', controls: true, loop: true, muted: true, autoplay: true, playsInline: true,
+      'aria-label': m.caption || m.key, style: { display: 'block', minWidth: '128px', maxWidth: '480px', height: 'auto' },
+    })
+    : h('img', { ...attrs, class: video ? 'media-image media-video' : 'media-image', alt: m.caption || m.key });
+  el.addEventListener('error', () => {
+    if (tries++ < 10) setTimeout(() => { el.src = `${fileUrl(run, m.file)}?try=${tries}`; }, 1000);
   });
-  img.addEventListener('error', () => {
-    if (tries++ < 10) setTimeout(() => { img.src = `${fileUrl(run, m.file)}?try=${tries}`; }, 1000);
-  });
-  return h('figure', { class: 'media' }, img,
-    h('figcaption', {}, m.caption ? `${m.caption} · ` : '', `step ${m.step}`));
+  const about = video && m.frames ? ` · ${m.frames} frames at ${m.fps} fps` : '';
+  return h('figure', { class: 'media' }, el,
+    h('figcaption', {}, m.caption ? `${m.caption} · ` : '', `step ${m.step}${about}`));
 }
 
 /** A histogram as bars, in SVG. */
@@ -122,7 +133,7 @@ export function mediaView(root, ctx) {
     if (sig === signature) return;
     signature = sig;
     if (!images.size && !hists.size) {
-      out.replaceChildren(h('p', { class: 'empty' }, 'No images or histograms. run.log({"samples": relaunch.Image(array)}) logs one.'));
+      out.replaceChildren(h('p', { class: 'empty' }, 'No images, videos or histograms. run.log({"samples": relaunch.Image(array)}) logs one.'));
       return;
     }
     const panels = [];
@@ -134,7 +145,7 @@ export function mediaView(root, ctx) {
   return { refresh: render };
 }
 
-/** The compare page's images and histograms, the runs side by side. */
+/** The compare page's images, videos and histograms, the runs side by side. */
 export async function compareMedia(root, runs, signal) {
   const events = await Promise.all(runs.map((r) => api(`/runs/${encodeURIComponent(r.id)}/events`, { signal })));
   const perKind = (kind) => {
@@ -151,5 +162,5 @@ export async function compareMedia(root, runs, signal) {
   for (const kind of ['media', 'histogram']) {
     for (const [key, perRun] of perKind(kind)) panels.push(panel(key, kind, perRun).el);
   }
-  root.replaceChildren(...(panels.length ? [h('h3', {}, 'Images and histograms'), ...panels] : []));
+  root.replaceChildren(...(panels.length ? [h('h3', {}, 'Images, videos and histograms'), ...panels] : []));
 }

@@ -416,16 +416,19 @@ pub(crate) async fn download(
     Ok(response)
 }
 
-/// What a file is served as: the images the dashboard shows (logged with
-/// `relaunch.Image`) as the image they are; anything else as bytes, to be
-/// downloaded, never rendered (no HTML or SVG a run could use to script
-/// the dashboard's origin).
+/// What a file is served as: the images and videos the dashboard shows
+/// (logged with `relaunch.Image` and `relaunch.Video`) as the image or
+/// video they are; anything else as bytes, to be downloaded, never
+/// rendered (no HTML or SVG a run could use to script the dashboard's
+/// origin).
 fn content_type(name: &str) -> &'static str {
     let lower = name.rsplit('.').next().unwrap_or("").to_ascii_lowercase();
     match lower.as_str() {
         "png" => "image/png",
         "jpg" | "jpeg" => "image/jpeg",
         "gif" => "image/gif",
+        "mp4" => "video/mp4",
+        "webm" => "video/webm",
         _ => "application/octet-stream",
     }
 }
@@ -600,5 +603,17 @@ mod tests {
         assert_eq!(parse_range("bytes=5-1", 1000), Err(()));
         assert_eq!(parse_range("bytes=x-1", 1000), Err(()));
         assert_eq!(parse_range("bytes=-0", 1000), Err(()));
+    }
+
+    #[test]
+    fn images_and_videos_are_served_as_themselves_and_anything_else_as_bytes() {
+        assert_eq!(content_type("media/samples/3-ab.png"), "image/png");
+        assert_eq!(content_type("a/b.JPG"), "image/jpeg");
+        assert_eq!(content_type("media/clip/0-cd.gif"), "image/gif");
+        assert_eq!(content_type("media/clip/0-cd.mp4"), "video/mp4");
+        assert_eq!(content_type("media/clip/0-cd.WebM"), "video/webm");
+        for name in ["page.html", "plot.svg", "run.js", "noext", "archive.tar"] {
+            assert_eq!(content_type(name), "application/octet-stream", "{name}");
+        }
     }
 }
