@@ -1,8 +1,9 @@
-"""The server: which relaunch server the logger talks to (``root=``,
-``RELAUNCH_SERVER``, ``ML_LOGGER_ROOT``), with what token and timeout, and
-the few ``/api/v1`` calls the Python API has no function for (read a run,
-list its files, save its config: ``_native.ServerApi``, relaunch's client
-too). Metrics and files go through relaunch's ``Run`` and file calls.
+"""The server: where the logger's runs live (``root=``, ``RELAUNCH_SERVER``,
+``ML_LOGGER_ROOT``: a relaunch server, or a local directory that ``_local``
+serves), with what token and timeout, and the few ``/api/v1`` calls the
+Python API has no function for (read a run, list its files, save its
+config: ``_native.ServerApi``, relaunch's client too; delete a file).
+Metrics and files go through relaunch's ``Run`` and file calls.
 
 Both follow relaunch's client (``crates/relaunch-client/src/http.rs``): the
 token is ``access_token=``, else ``RELAUNCH_SERVER_TOKEN``, sent as
@@ -13,10 +14,14 @@ by the client's own ``server_list``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 
 from relaunch import _native
@@ -79,6 +84,7 @@ class _Api:
         if key not in _clients:
             _clients[key] = _native.ServerApi(key[0], self.token)
         self.client = _clients[key]
+        self.servers = key[0]
         self.timeout = timeout
 
     def _answer(self, call: Callable[..., tuple[int, str]], *args: object) -> tuple[int, object]:
@@ -123,39 +129,106 @@ class _Api:
             return None
         return self.expect(status, answer, f"listing the files of run {run_id}")  # type: ignore[return-value]
 
+    def delete_file(self, run_id: str, name: str) -> dict | None:
+        """``DELETE /runs/{run}/files/{name}``: what the file was, None when the
+        run has no such file. Tries the replica in use, then the others."""
+        path = f"/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/files/"
+        path += urllib.parse.quote(name, safe="/")
+        first = self.client.url
+        servers = [first, *(u for u in _server_list(self.servers) if u != first)]
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        for i, base in enumerate(servers):
+            request = urllib.request.Request(base + path, method="DELETE", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                    return json.loads(answer.read() or b"{}")
+            except urllib.error.HTTPError as e:
+                body = e.read().decode("utf-8", "replace")
+                if e.code == 404:
+                    return None
+                if e.code in (502, 503, 504) and i + 1 < len(servers):
+                    continue
+                self.expect(e.code, {"error": body}, f"deleting {name} of run {run_id}")
+            except (urllib.error.URLError, OSError) as e:
+                if i + 1 < len(servers):
+                    continue
+                reason = getattr(e, "reason", e)
+                raise TrackingConnectionError(
+                    f"deleting {name} of run {run_id}: cannot reach {base} ({reason}); is "
+                    f"`relaunch server` running there, and is {SERVER_ENV} (or root=) its address?"
+                ) from None
+        return None
+
     def set_config(self, run_id: str, config: dict) -> dict:
         status, answer = self._answer(self.client.set_config, run_id, json.dumps(config))
         return self.expect(status, answer, f"saving the params of run {run_id}")  # type: ignore[return-value]
 
 
-def _resolve_server(root: object) -> str:
-    """The relaunch server that ``root`` (or the environment) names: one URL or
-    several, comma-separated and normalized."""
-    if root is not None:
-        root = _interpolate(root, "root")
-        if re.match(r"https?://", root, re.IGNORECASE):
-            return ",".join(_server_list(root))
+@dataclasses.dataclass(frozen=True)
+class _Root:
+    """Where a logger's runs live: a relaunch server (``url``: one URL or
+    several, comma-separated and normalized) or a local data directory
+    (``local``: absolute), served by a server of this machine's own."""
+
+    url: str | None = None
+    local: str | None = None
+
+    def __str__(self) -> str:
+        return self.url or self.local or ""
+
+
+def _local_root(path: str, shown: str) -> _Root:
+    path = os.path.expanduser(path)
+    if re.fullmatch(r"[\w.-]+:\d+(/.*)?", path):
         raise TrackingConfigError(
-            f"root {root!r} is not an http(s) URL: ml-logger's local mode has no counterpart "
-            "here, because relaunch keeps runs on its tracking server. Start one (`relaunch "
-            "server --data-dir DIR`) and pass root='http://127.0.0.1:8765' or set RELAUNCH_SERVER"
+            f"root {shown!r} looks like a server without its scheme: write http://{path}"
         )
+    if re.match(r"[a-z][a-z0-9+.-]*://", path, re.IGNORECASE):
+        scheme = path.split("://", 1)[0]
+        raise TrackingConfigError(
+            f"root {shown!r}: {scheme}:// is not a place relaunch keeps runs; give a relaunch "
+            "server (http://HOST:PORT) or a local directory (relaunch server --blobs s3://... "
+            "keeps a server's files in S3)"
+        )
+    return _Root(local=os.path.abspath(path))
+
+
+def _default_local() -> str:
+    """The local data directory when nothing names a root: ``$XDG_DATA_HOME/relaunch/ml-logger``,
+    else ``~/.local/share/relaunch/ml-logger``."""
+    base = os.environ.get("XDG_DATA_HOME", "").strip()
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "relaunch", "ml-logger")
+
+
+def _resolve_root(root: object) -> _Root:
+    """Where ``root`` (or the environment) puts runs: an http(s) URL (several,
+    comma-separated, are replicas of one server) is a relaunch server;
+    ``file://PATH`` or a path is a local data directory. Without ``root``:
+    ``RELAUNCH_SERVER``, else ``ML_LOGGER_ROOT`` (a URL or a path), else
+    :func:`_default_local`."""
+    if root is not None:
+        text = _interpolate(root, "root").strip()
+        if not text:
+            raise TrackingConfigError(
+                "root is empty; give a relaunch server (http://HOST:PORT) or a local directory"
+            )
+        if re.match(r"https?://", text, re.IGNORECASE):
+            return _Root(url=",".join(_server_list(text)))
+        if text.lower().startswith("file://"):
+            path = text[len("file://") :]
+            if not os.path.isabs(path):
+                raise TrackingConfigError(f"root {text!r}: a file:// path must be absolute")
+            return _Root(local=os.path.abspath(path))
+        return _local_root(text, text)
     server = os.environ.get(SERVER_ENV, "").strip()
     if server:
-        return ",".join(_server_list(server))
+        return _Root(url=",".join(_server_list(server)))
     ml_root = os.environ.get("ML_LOGGER_ROOT", "").strip()
-    if re.match(r"https?://", ml_root, re.IGNORECASE):
-        return ",".join(_server_list(ml_root))
-    why = (
-        f"ML_LOGGER_ROOT={ml_root!r} is a local path (ml-logger's local mode), and relaunch "
-        "keeps runs on its tracking server"
-        if ml_root
-        else "neither RELAUNCH_SERVER nor ML_LOGGER_ROOT names one"
-    )
-    raise TrackingConfigError(
-        f"no relaunch server: {why}. Start one (`relaunch server --data-dir DIR`) and set "
-        "RELAUNCH_SERVER=http://127.0.0.1:8765, or pass root= to configure()"
-    )
+    if ml_root:
+        return _resolve_root(ml_root)
+    return _Root(local=_default_local())
 
 
 def _timeout_from_env() -> float:

@@ -12,6 +12,8 @@ import copy
 import math
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -22,15 +24,20 @@ from collections.abc import Mapping
 import relaunch
 from relaunch.errors import TrackingConfigError, TrackingError
 
-from ._api import _Api, _dashboard_base, _resolve_server, _timeout_from_env
+from . import _local
+from ._api import _Api, _dashboard_base, _resolve_root, _Root, _timeout_from_env
+from ._api import _token as _token_or_env
 from ._metrics import _MetricsMixin
 from ._names import (
     PREFIX,
     _file_name,
     _format,
+    _glob_regex,
     _interpolate,
+    _join,
     _key,
     _parts,
+    _prefix_parts,
     _remote_scheme,
     now,
     pJoin,
@@ -47,6 +54,9 @@ PARAMS_FILE = "parameters.pkl"
 
 _live: weakref.WeakSet[ML_Logger] = weakref.WeakSet()
 _exit_hook = False
+_local_exit_hook = False
+_texts_saved = False
+_told_metrics_stay: set[str] = set()
 
 
 def _unsupported(name: str, why: str):
@@ -58,13 +68,71 @@ def _unsupported(name: str, why: str):
     return method
 
 
-_NO_DELETE = (
-    "the relaunch server never deletes a run's files (a committed file is replaced only by "
-    "uploading another under the same name)"
-)
+class _Defaults:
+    """ml-logger's methods that no mixin provides: ``get_exps`` from the
+    server's run listing, and those relaunch has no counterpart for (they
+    raise). Last in ``ML_Logger``'s bases, so a mixin that implements one
+    wins."""
+
+    def get_exps(self, *prefixes: str, as_dataframe: bool = True, show_progress: bool = False):
+        """The params of the runs that ``prefixes`` name below the current
+        prefix, one row each (dot-flattened, with ``prefix``: the run's
+        ``.../parameters.pkl`` under the current prefix, as ml-logger gave
+        it). A prefix is a glob over runs' prefixes, ending in
+        ``parameters.pkl`` or not (``**`` is any depth, itself included). A
+        pandas DataFrame, or a list of dicts with ``as_dataframe=False``."""
+        base = self._prefix.split("/") if self._prefix else []
+        patterns = []
+        for path in prefixes:
+            if not isinstance(path, str):
+                raise TypeError(f"prefixes must be str, not {type(path).__name__}: {path!r}")
+            _, parts = _parts(path, "experiment prefix")
+            if parts[-1:] != [PARAMS_FILE]:
+                parts.append(PARAMS_FILE)
+            patterns.append(_glob_regex("/".join([*base, *parts]), recursive=True))
+        api = relaunch.Api(self._server, _token_or_env(self._token), timeout=self.timeout)
+        rows = []
+        for record in sorted(api.runs(), key=lambda r: r.name):
+            path = f"{record.name.strip('/')}/{PARAMS_FILE}"
+            if record.config and any(p.fullmatch(path) for p in patterns):
+                row = _dot_flatten(record.config)
+                row["prefix"] = "/".join(path.split("/")[len(base) :])
+                rows.append(row)
+        if not as_dataframe:
+            return rows
+        import pandas
+
+        return pandas.DataFrame(rows)
+
+    ping = _unsupported(
+        "ping", "relaunch run watches liveness itself (relaunch.heartbeat under relaunch run)"
+    )
+    shell = _unsupported("shell", "the relaunch server runs no commands")
+    memoize = _unsupported("memoize", "use functools.cache or joblib.Memory locally")
+    read_metrics = _unsupported(
+        "read_metrics",
+        "read the run's series from the server (`relaunch metrics RUN KEY --format json`, or "
+        "GET /api/v1/runs/RUN/series?key=KEY)",
+    )
+    get_dataframe = read_metrics
+    upload_dir = _unsupported("upload_dir", "archive the folder and upload_file() the archive")
+    download_dir = _unsupported("download_dir", "download_file() each file from glob()")
+    savefig = _unsupported("savefig", "fig.savefig(path), then upload_file(path, 'figures/')")
+    save_pyplot = savefig
+    save_image = _unsupported("save_image", "save the image to a file, then upload_file() it")
+    save_images = save_image
+    save_video = _unsupported("save_video", "write the video to a file, then upload_file() it")
+    make_video = save_video
 
 
-class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
+_NOT_FILES = {
+    "metrics.pkl": "metrics",
+    "parameters.pkl": "params",
+}
+"""ml-logger's files that are not files of a relaunch run."""
+
+
+class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
     """ml-logger's ``ML_Logger`` on a relaunch run; see the package doc for the mapping."""
 
     metric_filename = METRICS_FILE
@@ -82,7 +150,9 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         asynchronous: bool | None = None,
         summary_cache_opts: dict | None = None,
     ) -> None:
-        self._server: str | None = None if root is None else _resolve_server(root)
+        # An empty root is the default, as in ml-logger (``root or ROOT``).
+        self._root: _Root | None = _resolve_root(root) if root else None
+        self._url: str | None = None
         self._token = access_token
         self.timeout = _timeout_from_env()
         self.metrics_prefix = ""
@@ -101,7 +171,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         self._timers: dict[str, float] = {}
         self.counter: dict[str, int] = {}
         parts = [_interpolate(p, "prefix") for p in (prefix, *prefixae) if p]
-        self._run_prefix = self._checked(_format("/".join(parts) if parts else PREFIX))
+        self._run_prefix = self._checked(_format(_join(parts) if parts else PREFIX))
         self._prefix = self._run_prefix
         _live.add(self)
 
@@ -109,7 +179,8 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
 
     @staticmethod
     def _checked(prefix: str) -> str:
-        _, parts = _parts(prefix, "prefix")
+        """The prefix as a path from the root (``/x`` is ``x``, ``..`` goes up)."""
+        parts = _prefix_parts(prefix)
         if not parts:
             raise TrackingConfigError("the prefix is empty; give one such as 'alice/demo/run-1'")
         run_ids("/".join(parts))
@@ -128,9 +199,27 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         self._prefix = value
 
     @property
-    def root(self) -> str | None:
-        """The relaunch server, once known."""
-        return self._server
+    def root(self) -> str:
+        """Where the runs live: the relaunch server's URL(s), or the local data directory."""
+        return str(self._root_spec())
+
+    def _root_spec(self) -> _Root:
+        if self._root is None:
+            self._root = _resolve_root(None)
+        return self._root
+
+    @property
+    def _server(self) -> str:
+        """The server's URL(s); for a local root, its server, started or joined now."""
+        if self._url is None:
+            root = self._root_spec()
+            if root.url is not None:
+                self._url = root.url
+            else:
+                assert root.local is not None
+                _install_local_exit_hook()
+                self._url = _local.server_for(root.local, self.timeout)
+        return self._url
 
     def configure(
         self,
@@ -152,11 +241,11 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         waiting until the server has it."""
         if register_experiment:
             raise DeprecationWarning("register_experiment is deprecated in ml-logger too")
-        server = _resolve_server(root) if root is not None else self._server
-        server = server or _resolve_server(None)
-        if server != self._server and self._run is not None:
-            self._finish(error=None)
-        self._server = server
+        spec = _resolve_root(root) if root else self._root_spec()  # "": unchanged, as before
+        if spec != self._root:
+            if self._run is not None:
+                self._finish(error=None)
+            self._root, self._url = spec, None
         if access_token is not None:
             self._token = access_token
         if summary_cache_opts is not None:
@@ -166,12 +255,12 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
             self._summaries.clear()
         parts = [_interpolate(p, "prefix") for p in (prefix, *prefixae) if p]
         if parts:
-            new = self._checked(_format("/".join(parts)))
+            new = self._checked(_format(_join(parts)))
             self._switch(new)
             self._prefix = new
         if not silent:
             builtins.print(f"Dashboard: {self.get_dash_url()}")
-            builtins.print(f"Log_directory: {self._server}")
+            builtins.print(f"Log_directory: {self.root}")
 
     def _switch(self, prefix: str) -> None:
         if prefix != self._run_prefix and self._run is not None:
@@ -193,16 +282,12 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         return os.environ.get("RELAUNCH_RUN_ID", "").strip() or run_ids(self._run_prefix)[1]
 
     def _api(self, timeout: float | None = None) -> _Api:
-        if self._server is None:
-            self._server = _resolve_server(None)
         return _Api(self._server, self._token, timeout or self.timeout)
 
     def _ensure_run(self) -> relaunch.Run:
         """This logger's run, opened on first use (never contacts the server)."""
         if self._run is not None:
             return self._run
-        if self._server is None:
-            self._server = _resolve_server(None)
         project, run_id = self._identity()
         self._run = relaunch.init(
             project=project,
@@ -225,7 +310,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
             run.flush(timeout or self.timeout)  # the client opens the run as it ships
             if api.run(run.id) is None:
                 raise TrackingError(
-                    f"run {run.id} is not on {self._server} although everything was shipped; "
+                    f"run {run.id} is not on {self.root} although everything was shipped; "
                     "log something first, or check that the server is the one you meant"
                 )
         self._on_server_files = {f["name"] for f in api.files(run.id) or []}
@@ -253,7 +338,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
     def _other_run(self, run_id: str) -> None:
         if self._api().run(run_id) is None:
             raise TrackingConfigError(
-                f"no run {run_id} (prefix {self._prefix!r}) on {self._server}; configure() that "
+                f"no run {run_id} (prefix {self._prefix!r}) on {self.root}; configure() that "
                 "prefix to create it"
             )
 
@@ -261,15 +346,14 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
 
     @contextlib.contextmanager
     def Prefix(self, *praefixa: str, metrics: str | bool | None = None, sep: str = "/"):
-        """A context with the prefix extended by ``praefixa`` (a first part
-        starting with ``/`` starts from the top instead: another run) and,
-        with ``metrics``, metric keys prefixed ``metrics + sep``."""
+        """A context with the prefix extended by ``praefixa`` as a path (a part
+        starting with ``/`` starts from the root: another run; ``..`` goes up)
+        and, with ``metrics``, metric keys prefixed ``metrics + sep``."""
         if metrics not in (None, False) and not isinstance(metrics, str):
             raise TypeError(f"metrics must be a str, False or None, not {metrics!r}")
         base = self._prefix.split("/") if self._prefix else []
-        for i, part in enumerate(praefixa):
-            absolute, parts = _parts(_interpolate(part, "prefix"), "prefix", absolute_ok=i == 0)
-            base = parts if absolute else [*base, *parts]
+        for part in praefixa:
+            base = _prefix_parts(_interpolate(part, "prefix"), base)
         old = (self._prefix, self.metrics_prefix)
         if praefixa:
             self._prefix = "/".join(base)
@@ -376,7 +460,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         if info is None:
             if not not_exist_ok:
                 raise FileNotFoundError(
-                    f"no run {run_id} (prefix {self._prefix!r}) on {self._server}, so no params"
+                    f"no run {run_id} (prefix {self._prefix!r}) on {self.root}, so no params"
                 )
             config: object = {}
         else:
@@ -466,29 +550,145 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
             open(text.path, "wb").close()
             text.seeded = text.dirty = False
 
-    # --- what relaunch does not do ----------------------------------------------
+    # --- removing and moving files -------------------------------------------------------
 
-    remove = _unsupported("remove", _NO_DELETE)
-    move = _unsupported("move", _NO_DELETE + "; use duplicate() to copy")
-    read_metrics = _unsupported(
-        "read_metrics",
-        "read the run's series from the server (`relaunch metrics RUN KEY --format json`, or "
-        "GET /api/v1/runs/RUN/series?key=KEY)",
-    )
-    get_dataframe = read_metrics
-    ping = _unsupported(
-        "ping", "relaunch run watches liveness itself (relaunch.heartbeat under relaunch run)"
-    )
-    upload_dir = _unsupported("upload_dir", "archive the folder and upload_file() the archive")
-    download_dir = _unsupported("download_dir", "download_file() each file from glob()")
-    savefig = _unsupported("savefig", "fig.savefig(path), then upload_file(path, 'figures/')")
-    save_pyplot = savefig
-    save_image = _unsupported("save_image", "save the image to a file, then upload_file() it")
-    save_images = save_image
-    save_video = _unsupported("save_video", "write the video to a file, then upload_file() it")
-    make_video = save_video
-    shell = _unsupported("shell", "the relaunch server runs no commands")
-    memoize = _unsupported("memoize", "use functools.cache or joblib.Memory locally")
+    def _matching(self, paths: tuple[str, ...]) -> tuple[bool, str, list[str], list[str]]:
+        """(own run, run id, the run's files that ``paths`` name (a file, a
+        folder: everything below it, ``''``: everything under the prefix, a
+        glob), the ml-logger names among ``paths`` that are not files of the
+        run (none when the run is not on the server))."""
+        own, sub, run_id = self._where()
+        if own and self._run is not None:
+            self._on_server()
+            self._run.flush(self.timeout)  # queued uploads land before anything is deleted
+        files = self._api().files(run_id)
+        if files is None:
+            return own, run_id, [], []
+        listed = [f["name"] for f in files]
+        folders = {n.rsplit("/", i)[0] for n in listed for i in range(1, n.count("/") + 1)}
+        found: list[str] = []
+        special: list[str] = []
+        for path in paths:
+            if not isinstance(path, str):
+                raise TypeError(f"paths must be str, not {type(path).__name__}: {path!r}")
+            _remote_scheme(path)
+            _, parts = _parts(path, "path")
+            whole = [*sub, *parts]
+            if not parts:
+                special += _NOT_FILES  # everything under the prefix
+            elif len(parts) == 1 and parts[0] in _NOT_FILES:
+                special.append(parts[0])
+            if any(c in path for c in "*?["):
+                pattern = _glob_regex("/".join(whole), recursive=True)
+                hits = [n for n in listed if pattern.fullmatch(n)]
+                for folder in sorted(folders):
+                    if pattern.fullmatch(folder):
+                        hits += [n for n in listed if n.startswith(folder + "/")]
+            else:
+                name = "/".join(whole)
+                hits = [n for n in listed if not name or n == name or n.startswith(name + "/")]
+            found += [n for n in hits if n not in found]
+        return own, run_id, found, special
+
+    def _forget_text(self, names: list[str]) -> None:
+        """Local copies of the text files ``names`` restart empty (their server copy is gone)."""
+        for name in names:
+            text = self._texts.get(name)
+            if text is not None:
+                open(text.path, "wb").close()
+                text.seeded, text.dirty = True, False
+
+    def remove(self, *paths: str) -> list[str]:
+        """Deletes the run's files that ``paths`` name: a file, a folder (all
+        below it), a glob, or ``''`` (everything under the current prefix).
+        ``parameters.pkl`` clears the params; a run's metrics cannot be
+        deleted (said once on stderr). Returns the names removed (under the
+        current prefix); names that match nothing are skipped, as in ml-logger."""
+        own, run_id, found, special = self._matching(paths)
+        api = self._api()
+        for name in found:
+            api.delete_file(run_id, name)
+        if own:
+            self._forget_text(found)
+            self._on_server_files.difference_update(found)
+        info = api.run(run_id) if "parameters.pkl" in special else None
+        if info is not None:
+            # The params under the current prefix: all of them at the run's own.
+            config = info.get("config") if isinstance(info.get("config"), dict) else {}
+            sub = self._where()[1]
+            at = config
+            for part in sub[:-1]:
+                at = at.get(part) if isinstance(at, dict) else None
+            if not sub:
+                config = {}
+            elif isinstance(at, dict):
+                at.pop(sub[-1], None)
+            saved = api.set_config(run_id, config)
+            if own:
+                self._config = saved.get("config", config) if isinstance(saved, dict) else config
+        if "metrics.pkl" in special and run_id not in _told_metrics_stay:
+            _told_metrics_stay.add(run_id)
+            builtins.print(
+                f"relaunch.compat.ml_logger: remove(): run {run_id} keeps its metrics (a relaunch "
+                "run's metrics cannot be deleted); configure() a new prefix to start afresh",
+                file=sys.stderr,
+            )
+        return self._below(found)
+
+    def _below(self, names: list[str]) -> list[str]:
+        """Run file names as names under the current prefix."""
+        depth = len(self._where()[1])
+        return ["/".join(n.split("/")[depth:]) for n in names]
+
+    def move(self, source: str, to: str) -> list[str]:
+        """Moves the run's file ``source`` (or every file below the folder
+        ``source``) to ``to``: copied on the server, then deleted. Returns
+        the new names (under the current prefix); raises FileNotFoundError
+        when nothing is there."""
+        for what in (source, to):
+            if not isinstance(what, str):
+                raise TypeError(f"source and to must be str, not {type(what).__name__}: {what!r}")
+            if what.strip("/") in _NOT_FILES:
+                raise TrackingConfigError(
+                    f"move({source!r}, {to!r}): {what} holds the run's "
+                    f"{_NOT_FILES[what.strip('/')]}, which are not a file of a relaunch run; "
+                    "read_params()/log_params() them under the other prefix instead"
+                )
+        if any(c in source for c in "*?["):
+            raise TrackingConfigError(
+                f"move({source!r}, {to!r}): move() takes a file or a folder, not a glob; move "
+                "each of glob(...) instead"
+            )
+        _, src = _parts(source, "path")
+        _, dst = _parts(to, "path")
+        if not dst:
+            raise TrackingConfigError(f"move({source!r}, {to!r}): give a name to move it to")
+        own, run_id, found, _ = self._matching((source,))
+        if not found:
+            raise FileNotFoundError(f"run {run_id} has no file or folder {source!r} to move")
+        _, sub, _ = self._where()
+        if found == ["/".join([*sub, *src])]:  # a file: into ``to`` when that is a folder
+            into = "/".join([*sub, *dst]) + "/"
+            listed = self._api().files(run_id) or []
+            if to.endswith("/") or any(f["name"].startswith(into) for f in listed):
+                dst = [*dst, src[-1]]
+        if src == dst[: len(src)]:
+            if src == dst:
+                return self._below(found)
+            raise TrackingConfigError(f"move({source!r}, {to!r}): cannot move a folder into itself")
+        moved = []
+        for name in found:
+            below = name.split("/")[len(sub) :]  # the name under the current prefix
+            target = "/".join([*dst, *below[len(src) :]])
+            self.duplicate("/".join(below), target)
+            moved.append(target)
+        api = self._api()
+        for name in found:
+            api.delete_file(run_id, name)
+        if own:
+            self._forget_text(found)
+            self._on_server_files.difference_update(found)
+        return moved
 
     # --- timers and counters ---------------------------------------------------------------
 
@@ -551,12 +751,104 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
     now = staticmethod(now)
     utcnow = staticmethod(utcnow)
 
+    # --- the job's host and code (what ml-logger's instr records) --------------------------------
+
+    @staticmethod
+    def _git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], capture_output=True, text=True, check=False, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    def git_rev(self, branch: str) -> str | None:
+        """The commit of ``branch`` in the working directory's repository (None outside one)."""
+        return self._git("rev-parse", branch)
+
+    def git_tags(self) -> str | None:
+        """``git describe --tags`` (None without a tag or a repository)."""
+        return self._git("describe", "--tags")
+
+    @property
+    def __head__(self) -> str | None:
+        return self.git_rev("HEAD")
+
+    @property
+    def __current_branch__(self) -> str | None:
+        return self._git("symbolic-ref", "HEAD")
+
+    @property
+    def __tags__(self) -> str | None:
+        return self.git_tags()
+
+    @property
+    def __status__(self) -> str | None:
+        return self._git("status", "-vv")
+
+    def rev_info(self) -> dict[str, str | None]:
+        return {"hash": self.__head__, "branch": self.__current_branch__}
+
+    @staticmethod
+    def fn_info(fn: object) -> dict[str, object]:
+        """The name, the start of the docstring, the module and the file of a
+        function (unwrapping decorators and ``functools.partial``)."""
+        import functools
+
+        while True:
+            if hasattr(fn, "__wrapped__"):
+                fn = fn.__wrapped__  # type: ignore[attr-defined]
+            elif isinstance(fn, functools.partial):
+                fn = fn.func
+            else:
+                break
+        doc = getattr(fn, "__doc__", None)
+        if doc and len(doc) > 46:
+            doc = doc[:46] + " ..."
+        code = getattr(fn, "__code__", None)
+        return {
+            "name": getattr(fn, "__name__", repr(fn)),
+            "doc": doc,
+            "module": getattr(fn, "__module__", None),
+            "file": code.co_filename if code is not None else None,
+        }
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        return os.environ.get("SLURM_JOB_ID")
+
+    @property
+    def hostname(self) -> str:
+        return socket.getfqdn()
+
+    @contextlib.contextmanager
+    def capture_error(self, file: str = "error.log", reraise: bool = False):
+        """A context that prints an exception raised in it (and its traceback)
+        into ``file`` of the run, waits until the server has it, and swallows
+        it unless ``reraise``. While the server is away the text stays in
+        the run's spool (said on stderr) and the caught exception is what
+        is re-raised, never a tracking error in its place."""
+        try:
+            yield
+        except Exception as e:
+            self.print("Exception occurred", e, traceback.format_exc(), file=file, flush=True)
+            try:
+                with self.Sync():
+                    pass
+            except TrackingError as shipping:
+                print(
+                    f"ml_logger: the traceback is kept locally and shipped when the server "
+                    f"answers ({shipping})",
+                    file=sys.stderr,
+                )
+            if reraise:
+                raise
+
     # --- paths and links -----------------------------------------------------------------------
 
     def get_dash_url(self, path: str | None = None) -> str:
-        """The run's page on the relaunch dashboard."""
-        if self._server is None:
-            self._server = _resolve_server(None)
+        """The run's page on the relaunch dashboard (for a local root: its server's)."""
         base = _dashboard_base(self._server)
         return f"{base}/runs/{urllib.parse.quote(self._where()[2])}"
 
@@ -572,7 +864,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin):
         return os.path.splitext(path)[0]
 
     def __repr__(self) -> str:
-        return f'ML_Logger(root="{self._server}",\n          prefix="{self._prefix}")'
+        return f'ML_Logger(root="{self.root}",\n          prefix="{self._prefix}")'
 
 
 def _install_exit_hook() -> None:
@@ -584,7 +876,21 @@ def _install_exit_hook() -> None:
         atexit.register(_at_exit)
 
 
+def _install_local_exit_hook() -> None:
+    # Registered when a local server is first needed, before or after
+    # relaunch's own hook: it saves the text and ships the runs itself
+    # before leaving the server, so the order does not matter.
+    global _local_exit_hook
+    if not _local_exit_hook:
+        _local_exit_hook = True
+        atexit.register(_at_exit_local)
+
+
 def _at_exit() -> None:
+    global _texts_saved
+    if _texts_saved:
+        return
+    _texts_saved = True
     for lg in list(_live):
         left = sum(len(row) for row in lg._kv.values())
         if left:
@@ -605,3 +911,20 @@ def _at_exit() -> None:
                 continue
         if lg._text_dir is not None:
             shutil.rmtree(lg._text_dir, ignore_errors=True)
+
+
+def _at_exit_local() -> None:
+    """Ships everything (the text, then relaunch's runs, as their own hooks
+    would), then leaves the local servers: the last process stops each."""
+    if not _local.held():
+        return
+    _at_exit()
+    for ship in _local.before_leaving:
+        try:
+            ship()
+        except Exception as e:  # one failure must not keep the servers running
+            builtins.print(f"relaunch.compat.ml_logger: at exit: {e}", file=sys.stderr)
+    from relaunch import tracking
+
+    tracking._at_exit()
+    _local.release_all()

@@ -1,18 +1,20 @@
 """Metrics: the row that ``log``/``log_metrics`` build and ``flush`` logs as
-one ``run.log``, and the stored values that ``log_metrics_summary`` turns
+one ``run.log`` (its numbers; its text goes to the printed table and the
+run's text file), and the stored values that ``log_metrics_summary`` turns
 into one row of stats."""
 
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Mapping
 
 from relaunch.errors import TrackingConfigError
 
 from ._names import _file_scope
 from ._summary import _SummaryCache, summary_stats
-from ._text import _row_table
-from ._values import _metric_row, _step_of
+from ._text import _row_line, _row_table
+from ._values import _json_row, _metric_row, _numbers, _step_of, _texts
 
 
 class _MetricsMixin:
@@ -75,10 +77,15 @@ class _MetricsMixin:
     def flush_metrics(
         self, cache: object = None, file: str | None = None, silent: bool | None = None
     ) -> None:
-        """Logs the current row as one ``run.log`` (nothing when it is empty)."""
+        """Logs the current row's numbers as one ``run.log`` (nothing when it has
+        none) and prints the row (``silent``: text values go to the text file
+        on one line, unprinted). A ``file`` that is not a ``.pkl`` also gets
+        the row (even an empty one) as a JSON line, as ml-logger wrote rows
+        into ``.jsonl`` files."""
         own, sub, _ = self._where()
-        row = self._kv.get(cache)
-        if not row:
+        row = self._kv.get(cache) or {}
+        as_text = bool(file) and not str(file).endswith(".pkl")
+        if not row and not as_text:
             return
         if not own:
             raise TrackingConfigError(
@@ -86,13 +93,21 @@ class _MetricsMixin:
                 f"{self._prefix!r}; configure() that prefix to log to it"
             )
         key_prefix = "".join(f"{p}/" for p in [*sub, *_file_scope(file)])
-        step = _step_of(row)
-        self._ensure_run().log({key_prefix + k: v for k, v in row.items()}, step=step)
-        del self._kv[cache]
-        if not silent:
-            shown = {k: v for k, v in row.items() if k not in self.do_not_print}
-            if shown:
-                self.print(_row_table(shown), flush=False)
+        metrics = _numbers(row)
+        if metrics:
+            step = _step_of(metrics)
+            self._ensure_run().log({key_prefix + k: v for k, v in metrics.items()}, step=step)
+        self._kv.pop(cache, None)
+        if as_text:
+            self._write_text(file, json.dumps(_json_row(row)) + "\n")
+            self._save_texts(force=False)
+        shown = {k: v for k, v in row.items() if k not in self.do_not_print}
+        if not silent and shown:
+            builtins.print(_row_table(shown, color=True), flush=True)
+            self.log_line(_row_table(shown), flush=False)
+        elif _texts(row):
+            # Text is not a metric: the text file keeps it even when nothing is printed.
+            self.log_line(_row_line(row), flush=False)
         self.do_not_print = {"__timestamp"}
 
     def flush(self, cache: object = None, file: str | None = None) -> None:

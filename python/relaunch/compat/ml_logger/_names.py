@@ -1,12 +1,17 @@
 """Names: ml-logger's prefixes as relaunch run ids and projects, file keys as
-a run's file names, and globbing over those names. Refuses what ml-logger let
-escape its root (``..``, absolute paths, ``//``)."""
+a run's file names, and globbing over those names. A prefix is a path from
+the root, as on ml-logger's server: a leading ``/`` starts from the root
+(``/x`` is ``x``) and ``..`` goes up; what would leave the root (``..`` above
+it, ``//`` for the host's file system) is refused. File keys stay below their
+run (no ``..``, no leading ``/``)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from relaunch.errors import TrackingConfigError
@@ -94,13 +99,50 @@ def _parts(path: str, what: str, *, absolute_ok: bool = False) -> tuple[bool, li
     return absolute, parts
 
 
+def _join(parts: Sequence[str]) -> str:
+    """The parts of a prefix joined as ``os.path.join`` joins them (as ml-logger
+    did): a part starting with ``/`` starts again from the root."""
+    return posixpath.join(*parts) if parts else ""
+
+
+def _prefix_parts(path: str, base: Sequence[str] = (), what: str = "prefix") -> list[str]:
+    """``path`` resolved below ``base`` (both from the root) as a path is
+    resolved: a leading ``/`` starts from the root, ``.`` stays, ``..`` goes
+    up. Refuses ``//`` and a ``..`` above the root."""
+    if path.startswith("//"):
+        raise TrackingConfigError(
+            f"{what} {path!r} starts with '//', which ml-logger resolved on the host's file "
+            "system; relaunch keeps everything on its server: drop the slashes"
+        )
+    parts = [] if path.startswith("/") else list(base)
+    for p in path.split("/"):
+        if p in ("", "."):
+            continue
+        if p == "..":
+            if not parts:
+                start = "/".join(base) if base and not path.startswith("/") else ""
+                where = f" from {start!r}" if start else ""
+                raise TrackingConfigError(
+                    f"{what} {path!r}{where} goes above the root with '..'; ml-logger let that "
+                    "escape its root, relaunch names runs from the root down: drop a '..'"
+                )
+            parts.pop()
+            continue
+        if any(ord(c) < 32 or c in "\x7f\\" for c in p):
+            raise TrackingConfigError(
+                f"{what} {path!r} holds a control character or a backslash; use plain text"
+            )
+        parts.append(p)
+    return parts
+
+
 def _slug(text: str) -> str:
     return _NOT_NAME.sub("-", text).strip(".-")
 
 
 def run_ids(prefix: str) -> tuple[str | None, str]:
     """The relaunch (project, run id) that an ml-logger prefix maps to (see the package doc)."""
-    _, parts = _parts(prefix, "prefix", absolute_ok=True)
+    parts = _prefix_parts(prefix)
     if not parts:
         raise TrackingConfigError("the prefix is empty; give one such as 'alice/demo/run-1'")
     joined = "/".join(parts)

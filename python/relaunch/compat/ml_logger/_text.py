@@ -24,29 +24,12 @@ from collections.abc import Mapping
 from relaunch import files as _files
 from relaunch.errors import TrackingConfigError, TrackingError
 
+from ._values import _Shown
+from .helpers.color_helpers import _ANSI, colored
+
 TEXT_UPLOAD_INTERVAL = 5.0
 """Least seconds between background uploads of one text file."""
 LOG_FILE = "outputs.log"
-
-_COLORS = {
-    "black": 30,
-    "red": 31,
-    "green": 32,
-    "yellow": 33,
-    "blue": 34,
-    "magenta": 35,
-    "cyan": 36,
-    "white": 37,
-    "grey": 90,
-    "dark_grey": 90,
-    "light_red": 91,
-    "light_green": 92,
-    "light_yellow": 93,
-    "light_blue": 94,
-    "light_magenta": 95,
-    "light_cyan": 96,
-    "light_grey": 97,
-}
 
 
 @dataclasses.dataclass
@@ -163,11 +146,9 @@ class _TextMixin:
         text = sep.join(str(a) for a in args)
         if dedent:
             text = textwrap.dedent(text)
-        shown = text
-        if color is not None:
-            if color not in _COLORS:
-                raise ValueError(f"color {color!r} is not one of {', '.join(_COLORS)}")
-            shown = f"\033[{_COLORS[color]}m{text}\033[0m"
+        if color not in (None, "default") and color not in _ANSI:
+            raise ValueError(f"color {color!r} is not one of {', '.join(_ANSI)}")
+        shown = colored(text, color)
         builtins.print(shown, end=end, flush=True)
         self.log_line(text, sep=sep, end=end, flush=flush, file=file)
 
@@ -211,22 +192,30 @@ class _TextMixin:
         return done.stdout
 
 
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+def _cell(value: object, color: bool = False) -> tuple[str, str]:
+    """(plain, shown) text of a table cell: shown is coloured when ``color``."""
+    if isinstance(value, _Shown):
+        return value.text, value.colored if color else value.text
+    text = f"{value:.6g}" if isinstance(value, float) else str(value)
+    return text, text
 
 
-def _row_table(row: Mapping[str, object]) -> str:
+def _row_table(row: Mapping[str, object], color: bool = False) -> str:
+    """The row as ml-logger's two-column table; ``color``: ``Color`` values in colour."""
     if not row:
         return ""
-    cells = [(k.replace("_", " "), _cell(v)) for k, v in row.items()]
-    left = max(len(k) for k, _ in cells)
-    right = max(len(v) for _, v in cells)
-    lines = [f"│ {k:>{left}} │ {v:<{right}} │" for k, v in cells]
+    cells = [(k.replace("_", " "), *_cell(v, color)) for k, v in row.items()]
+    left = max(len(k) for k, _, _ in cells)
+    right = max(len(plain) for _, plain, _ in cells)
+    lines = [f"│ {k:>{left}} │ {shown}{' ' * (right - len(plain))} │" for k, plain, shown in cells]
     top = f"╒{'═' * (left + 2)}╤{'═' * (right + 2)}╕"
     bottom = f"╘{'═' * (left + 2)}╧{'═' * (right + 2)}╛"
     return "\n".join([top, *lines, bottom])
+
+
+def _row_line(row: Mapping[str, object]) -> str:
+    """A row on one line (``key: value | ...``), for rows logged silently with text in them."""
+    return " | ".join(f"{k}: {_cell(v)[0]}" for k, v in row.items())
 
 
 def _params_table(namespaces: Mapping[str, object]) -> list[str]:
