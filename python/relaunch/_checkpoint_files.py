@@ -136,6 +136,46 @@ def fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
 # --- manifests ---------------------------------------------------------------
 
 
+def gather(root: Path, reports: list[dict[str, Any]], shared: str, writer: str) -> dict[str, list]:
+    """The committer's view of a checkpoint directory ``root``: every
+    rank's report (``seen`` names, ``hashed`` entries) merged, what no rank
+    hashed fsynced and hashed here, each file checked to be there with the
+    size it was hashed at, and the subdirectories fsynced (``root``'s own
+    entry is the caller's, after the manifest). ``shared`` names the
+    directory in the message for a file only another rank sees; ``writer``
+    the call after which nothing may still write."""
+    files: dict[str, list] = {}
+    seen: set[str] = set()
+    for report in reports:
+        seen.update(report["seen"])
+        files.update(report["hashed"])
+    if MANIFEST in seen:
+        raise CheckpointError(
+            f"{root / MANIFEST} was written by the training code, but {MANIFEST} is the "
+            "checkpoint's own manifest: name that file differently"
+        )
+    missing = sorted(seen - set(files))
+    files.update(fsync_and_hash(root, [n for n in missing if (root / n).exists()]))
+    for name in sorted(seen):
+        if name not in files:
+            raise CheckpointError(
+                f"rank 0 does not see {root / name}, which another rank wrote: the {shared} "
+                "must be on a file system shared by every rank"
+            )
+        try:
+            size = os.stat(root / name).st_size
+        except FileNotFoundError:
+            size = -1
+        if size != files[name][0]:
+            raise CheckpointError(
+                f"{root / name} changed while it was committed ({files[name][0]} bytes "
+                f"hashed, {size} now): is something still writing it after {writer}?"
+            )
+    for directory in subdirs(root):
+        fsync(directory)
+    return files
+
+
 def canonical(manifest: Mapping[str, Any]) -> bytes:
     body = {k: v for k, v in manifest.items() if k != "blake3"}
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()

@@ -84,12 +84,12 @@ from relaunch._checkpoint_files import (
     canonical,
     fsync,
     fsync_and_hash,
+    gather,
     kept,
     point_latest,
     read_manifest,
     remove,
     safe_name,
-    subdirs,
     verify_checkpoint,
     walk,
     write_atomic,
@@ -735,36 +735,8 @@ class Checkpointer:
         self, save: _Save, decision: Decision, tmp: Path, reports: list[dict[str, Any]]
     ) -> Checkpoint:
         """Rank 0: the manifest, the rename, the ``latest`` pointer."""
-        files: dict[str, list] = {}
-        seen: set[str] = set()
-        for report in reports:
-            seen.update(report["seen"])
-            for name, entry in report["hashed"].items():
-                files[name] = entry
-        if MANIFEST in seen:
-            raise CheckpointError(
-                f"{tmp / MANIFEST} was written by the training code, but {MANIFEST} is the "
-                "checkpoint's own manifest: name that file differently"
-            )
-        missing = sorted(seen - set(files))
-        files.update(fsync_and_hash(tmp, [n for n in missing if (tmp / n).exists()]))
-        for name in sorted(seen):
-            if name not in files:
-                raise CheckpointError(
-                    f"rank 0 does not see {tmp / name}, which another rank wrote: the "
-                    "checkpoint directory must be on a file system shared by every rank"
-                )
-            try:
-                size = os.stat(tmp / name).st_size
-            except FileNotFoundError:
-                size = -1
-            if size != files[name][0]:
-                raise CheckpointError(
-                    f"{tmp / name} changed while it was committed ({files[name][0]} bytes "
-                    f"hashed, {size} now): is something still writing it after the with-block?"
-                )
-        for directory in subdirs(tmp):
-            fsync(directory)  # subdirectories' entries; tmp's own after the manifest
+        # Subdirectories' entries are fsynced there; tmp's own after the manifest.
+        files = gather(tmp, reports, "checkpoint directory", "the with-block")
         now = time.time()
         manifest = {
             "format": FORMAT,

@@ -59,8 +59,8 @@ from relaunch._checkpoint_files import (
     canonical,
     fsync,
     fsync_and_hash,
+    gather,
     remove,
-    subdirs,
     walk,
     write_atomic,
 )
@@ -472,35 +472,7 @@ class AtomicDirectory:
 
     def _commit(self, path: Path, index: int, forced: bool, reports: list[dict[str, Any]]) -> None:
         """The committer: the manifest, everything fsynced, then the link."""
-        files: dict[str, list] = {}
-        seen: set[str] = set()
-        for report in reports:
-            seen.update(report["seen"])
-            files.update(report["hashed"])
-        if MANIFEST in seen:
-            raise CheckpointError(
-                f"{path / MANIFEST} was written by the training code, but {MANIFEST} is the "
-                "checkpoint's own manifest: name that file differently"
-            )
-        missing = sorted(seen - set(files))
-        files.update(fsync_and_hash(path, [n for n in missing if (path / n).exists()]))
-        for name in sorted(seen):
-            if name not in files:
-                raise CheckpointError(
-                    f"rank 0 does not see {path / name}, which another rank wrote: the output "
-                    "directory must be on a file system shared by every rank"
-                )
-            try:
-                size = os.stat(path / name).st_size
-            except FileNotFoundError:
-                size = -1
-            if size != files[name][0]:
-                raise CheckpointError(
-                    f"{path / name} changed while it was committed ({files[name][0]} bytes "
-                    f"hashed, {size} now): is something still writing it after symlink_latest()?"
-                )
-        for directory in subdirs(path):
-            fsync(directory)
+        files = gather(path, reports, "output directory", "symlink_latest()")
         now = time.time()
         manifest: dict[str, Any] = {
             "format": FORMAT,
