@@ -1173,3 +1173,47 @@ def test_jsonl_rows_and_get_exps_under_a_parent_prefix(tracking_server, loggers)
             (0.2, "run-2/parameters.pkl"),
         ]
     lg.job_completed(silent=True)
+
+
+def test_the_summary_and_key_value_caches_of_ml_logger_caches():
+    # ml_logger.caches, as ml-logger 0.10.36's summary cache tests use it.
+    import numpy as np
+
+    from relaunch.compat.ml_logger.caches.key_value_cache import KeyValueCache
+    from relaunch.compat.ml_logger.caches.summary_cache import SummaryCache, flatten
+
+    assert flatten([[0], [1, 2], np.array([10, 1]), [np.array([10]), np.array([1, 2])]]) == [
+        0.0, 1.0, 2.0, 10.0, 1.0, 10.0, 1.0, 2.0,
+    ]  # fmt: skip
+    assert np.isnan(flatten([None, 1])[0])
+    cache = SummaryCache(mode="tiled")
+    for i in range(4):
+        cache.store(loss=float(i), acts=np.array([i, i + 1.0]), seen=None)
+    assert "loss" in cache and bool(cache)
+    assert cache.get("loss").mean() == 1.5 and isinstance(cache.get("loss").mean(), float)
+    stats = cache.summary_stats(loss="min_max", acts="quantile", seen="mean", hist="histogram")
+    assert stats == {
+        "loss/min": 0.0,
+        "loss/max": 3.0,
+        "loss/mean": 1.5,
+        "acts/0": 0.0,
+        "acts/25": 1.0,
+        "acts/mean": 2.0,
+        "acts/75": 3.0,
+        "acts/100": 4.0,
+    }  # fmt: skip  (NaN is left out: "seen" has no stats; a histogram gives none)
+    assert str(cache).startswith("SummaryCache:  loss: [0.0, 1.0][:4]\n  acts: Shape(2,)[:4]\n")
+    assert cache.summarize(loss="mean") == {"loss/mean": 1.5, "acts/mean": 2.0}
+    assert not cache  # a tiled cache is emptied by summarize
+    rolling = SummaryCache(mode="rolling", window=2)
+    for i in range(5):
+        rolling.store(x=i)
+    assert rolling.summarize() == {"x/mean": 3.5} and rolling.pop("x").tolist() == [3, 4]
+    with pytest.raises(ValueError, match="window is for mode='rolling'"):
+        SummaryCache(mode="tiled", window=3)
+    with pytest.raises(TypeError, match="numbers, not str"):
+        flatten(["a"])
+    kv = KeyValueCache()
+    kv.update({"a": 1}, b=2)
+    kv.update(a=3)
+    assert kv.pop_all() == {"a": 3, "b": 2} and not kv
