@@ -681,3 +681,22 @@ def test_shell_ping_memoize_and_capture_error(tracking_server, loggers, tmp_path
     with pytest.raises(KeyError), lg.capture_error(file="again.log", reraise=True):
         raise KeyError("up")
     lg.job_completed(silent=True)
+
+
+def test_duplicate_copies_a_folder_and_text_not_uploaded_yet(tracking_server, loggers):
+    # As ml-logger's own test_copy_directory: text logged to a file of a
+    # folder, then the folder duplicated at once (the text is still uploading).
+    lg = loggers("alice/demo/dup", root=tracking_server.url)
+    lg.log_line("this is a file", file="dir/a.txt")
+    lg.save_json({"b": 1}, "dir/sub/b.json")
+    lg.duplicate("dir", "dir2")
+    names = lg.glob("**/*")
+    for name in ("dir/a.txt", "dir/sub/b.json", "dir2/a.txt", "dir2/sub/b.json"):
+        assert name in names, names
+    assert lg.load_json("dir2/sub/b.json") == {"b": 1}
+    assert b"this is a file" in lg.load_file("dir2/a.txt").read()
+    assert lg.load_file("dir2/a.txt").read() == lg.load_file("dir/a.txt").read()
+    lg.duplicate("dir/sub/b.json", "c.json")  # a file, as before
+    assert lg.load_json("c.json") == {"b": 1}
+    with pytest.raises(FileNotFoundError):
+        lg.duplicate("nothing", "x")

@@ -680,7 +680,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
         for name in found:
             below = name.split("/")[len(sub) :]  # the name under the current prefix
             target = "/".join([*dst, *below[len(src) :]])
-            self.duplicate("/".join(below), target)
+            self._duplicate_file("/".join(below), target, True)
             moved.append(target)
         api = self._api()
         for name in found:

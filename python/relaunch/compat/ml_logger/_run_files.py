@@ -338,8 +338,24 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         return None if data is None else json.loads(data)
 
     def duplicate(self, source: str, to: str, exists_ok: bool = True, **kwargs: object) -> None:
-        """Copies the run's file ``source`` to ``to`` (the server has its chunks,
-        so only the download travels)."""
+        """Copies the run's file ``source`` to ``to``, or every file below the
+        folder ``source`` to the same names below ``to`` (the server has
+        their chunks, so only the downloads travel). Text logged to the run
+        and not uploaded yet is uploaded first."""
+        if isinstance(source, str) and isinstance(to, str) and not any(c in source for c in "*?["):
+            _, _, found, _ = self._matching((source,))
+            _, sub, _ = self._where()
+            _, src = _parts(source, "path")
+            if src and found and found != ["/".join([*sub, *src])]:  # a folder
+                _, dst = _parts(to, "path")
+                for name in found:
+                    below = name.split("/")[len(sub) :]
+                    target = "/".join([*dst, *below[len(src) :]])
+                    self._duplicate_file("/".join(below), target, exists_ok)
+                return
+        self._duplicate_file(source, to, exists_ok)
+
+    def _duplicate_file(self, source: str, to: str, exists_ok: bool) -> None:
         own, run_id, name = self._target((source,))
         own_to, run_to, name_to = self._target((to,))
         if not exists_ok and self._exists(own_to, run_to, name_to):
