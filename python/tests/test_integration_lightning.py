@@ -55,9 +55,10 @@ def test_without_the_callback_a_sigterm_is_not_a_clean_preemption(tmp_path):
     """Lightning handles SIGTERM itself: every rank leaves fit() with exit
     code 0 at a batch of its own, with no checkpoint of it, or, when its
     handler's broadcast meets the other rank's per-batch one, the ranks hang
-    until the grace period's SIGKILL, or one rank aborts (SIGABRT) when the
-    other leaves the collective it waits in. Whichever, relaunch exits 143,
-    not 75 (which says nothing was lost), and says why."""
+    until the grace period's SIGKILL, or one rank aborts (SIGABRT) or exits 1
+    (gloo's "Connection closed by peer") when the other leaves the
+    collective it waits in. Whichever, relaunch exits 143, not 75 (which
+    says nothing was lost), and says why."""
     out = tmp_path / "out"
     args = ["--nproc-per-node", "2", "--shutdown-timeout", "10", TRAIN, out, "--no-relaunch"]
     job = launch(tmp_path, "plain", *args)
@@ -70,6 +71,7 @@ def test_without_the_callback_a_sigterm_is_not_a_clean_preemption(tmp_path):
         "did not stop at an agreed step" in log
         or "killed after the 10s grace period" in log
         or "signal SIG" in log
+        or "not every worker exited cleanly" in log
     ), log
 
 
