@@ -64,7 +64,7 @@ from relaunch._checkpoint_files import (
     walk,
     write_atomic,
 )
-from relaunch.checkpoint import DEFAULT_TIMEOUT, ENV_ATTEMPT, ENV_RUN_ID
+from relaunch.checkpoint import DEFAULT_TIMEOUT, ENV_ATTEMPT, ENV_RUN_ID, _env, _env_int
 from relaunch.errors import CheckpointError
 
 __all__ = ["AtomicDirectory", "atomic_torch_save"]
@@ -97,24 +97,6 @@ def atomic_torch_save(obj: Any, f: str | os.PathLike[str], **kwargs: Any) -> Non
             temp.unlink()
         raise
     fsync(path.parent if str(path.parent) else ".")
-
-
-def _env(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 class AtomicDirectory:
