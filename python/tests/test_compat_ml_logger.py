@@ -1115,7 +1115,7 @@ def test_remove_and_move_delete_and_rename_the_runs_files(tracking_server, logge
     assert file_bytes(server, run, "outputs.log") == b"after\n"
 
     # parameters.pkl clears the params (under a Prefix, those under it); the metrics
-    # cannot go, which is said once.
+    # stay on the server but ml-logger's reads start after the remove.
     with lg.Prefix("eval"):
         lg.log_params(Opt={"x": 1}, silent=True)
         assert run_info(server, run)["config"]["eval"] == {"Opt": {"x": 1}}
@@ -1124,16 +1124,25 @@ def test_remove_and_move_delete_and_rename_the_runs_files(tracking_server, logge
     capsys.readouterr()
     assert lg.remove("parameters.pkl", "metrics.pkl") == []
     assert run_info(server, run)["config"] == {}
-    assert "keeps its metrics" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""
     assert latest(server, run)["loss"] == (1, 0.5)
+    assert lg.read_metrics("loss", silent=True) is None and lg.load_pkl("metrics.pkl") is None
     lg.log_params(Args={"lr": 2}, silent=True)
     assert run_info(server, run)["config"] == {"Args": {"lr": 2}}
 
     # Another run's files, by its prefix; then '' removes everything of this one.
     other = loggers("alice/demo/other", root=server.url)
     other.upload_buffer(b"o", "o.txt")
+    other.log(step=0, loss=3.0, flush=True, silent=True)
+    with other.Sync():
+        pass
     with lg.Prefix("/alice/demo/other"):
         assert lg.remove("o.txt") == ["o.txt"]
+        assert (
+            lg.remove("metrics.pkl") == []
+        )  # another logger's run: its metrics are read as they are
+        assert lg.read_metrics("loss@mean").tolist() == [3.0]
+    assert "is not this logger's, so its metrics stay" in capsys.readouterr().err
     assert files(server, "alice.demo.other") == {}
     assert sorted(lg.remove("")) == ["kept/m2.txt", "kept/z.txt", "outputs.log"]
     assert files(server, run) == {} and run_info(server, run)["config"] == {}

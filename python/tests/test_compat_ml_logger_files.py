@@ -700,3 +700,209 @@ def test_duplicate_copies_a_folder_and_text_not_uploaded_yet(tracking_server, lo
     assert lg.load_json("c.json") == {"b": 1}
     with pytest.raises(FileNotFoundError):
         lg.duplicate("nothing", "x")
+
+
+# --- local mode: what ml-logger's local mode did on this machine -------------------
+
+LOCAL_HOST = """
+import glob, json, os, pickle, sys
+import numpy
+from relaunch.compat.ml_logger import logger
+
+root, host = sys.argv[1:]
+logger.configure("alice/local/host", root=root, silent=True)
+out = {}
+# Absolute keys are paths of this machine, as os.path.join(root, prefix, key) made them.
+logger.save_pkl({"a": 1}, f"{host}/x.pkl")
+logger.log_data({"b": 2}, f"{host}/x.pkl")  # appended
+out["pkl"] = logger.load_pkl(f"{host}/x.pkl")
+logger.save_json({"j": [1, 2]}, f"{host}/data/d.json")
+out["json"] = logger.load_json(f"{host}/data/d.json")
+out["json_on_disk"] = json.load(open(f"{host}/data/d.json"))
+logger.save_yaml({"y": 3}, f"{host}/c.yaml")
+out["yaml"] = logger.load_yaml(f"{host}/c.yaml")
+logger.upload_buffer(b"raw", f"{host}/raw.bin")
+logger.upload_file(f"{host}/raw.bin", f"{host}/copies/")
+frames = numpy.zeros((3, 8, 8))
+logger.save_video(frames, f"{host}/videos/v.gif")
+logger.torch_save({"w": 1}, f"{host}/m.pt")
+out["torch"] = logger.torch_load(f"{host}/m.pt")
+out["host_glob"] = logger.glob("**/*.gif", wd=host)
+out["copies"] = sorted(os.listdir(f"{host}/copies"))
+out["gif_magic"] = open(f"{host}/videos/v.gif", "rb").read(6).decode()
+# None of them is a file of the run.
+logger.save_json({"in": "run"}, "inside.json")
+out["run_glob"] = logger.glob("**/*")
+# shell: in a copy of the run's files below the prefix (and wd), on this machine.
+logger.upload_buffer(b"deep", "sub/deep.txt")
+out["ls"] = logger.shell("ls")
+out["cat"] = logger.shell("cat deep.txt; touch new.txt", wd="sub")
+out["after"] = logger.glob("sub/*")
+out["host_ls"] = logger.shell("ls", wd=f"{host}/copies")
+os.environ["RELAUNCH_ML_LOGGER_SHELL_MB"] = "0.000001"
+out["too_big"] = logger.shell("ls")
+logger.job_completed(silent=True)
+print("OUT", json.dumps(out), flush=True)
+"""
+
+
+def test_local_mode_absolute_keys_are_host_paths_and_shell_runs_on_a_copy(tmp_path):
+    # ml-logger's own test_save_pkl_abs_path, test_json_abs, test_video_gif
+    # and test_shell, in local mode.
+    from test_compat_ml_logger import _local_env
+
+    env = _local_env(tmp_path)
+    host = tmp_path / "host"
+    script = tmp_path / "host.py"
+    script.write_text(LOCAL_HOST)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "root"), str(host)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.split("OUT ", 1)[1])
+    assert out["pkl"] == [{"a": 1}, {"b": 2}]
+    assert out["json"] == out["json_on_disk"] == {"j": [1, 2]}
+    assert out["yaml"] == {"y": 3} and out["torch"] == {"w": 1}
+    assert out["host_glob"] == ["videos/v.gif"] and out["gif_magic"] == "GIF89a"
+    assert out["copies"] == ["raw.bin"]
+    assert out["run_glob"] == ["inside.json"]
+    stdout, stderr, code = out["ls"]
+    assert code == 0 and stdout.split() == ["inside.json", "sub"], stderr
+    assert out["cat"][:3] == ["deep", "", 0]
+    assert out["after"] == ["sub/deep.txt"]  # what the command made is not saved back
+    assert out["host_ls"][0].split() == ["raw.bin"]
+    stdout, stderr, code = out["too_big"]
+    assert (stdout, code) == ("", 1) and "RELAUNCH_ML_LOGGER_SHELL_MB" in stderr
+
+
+def test_absolute_keys_with_a_server_are_refused_saying_file_url(tracking_server, loggers):
+    lg = loggers("alice/demo/abs", root=tracking_server.url)
+    for call in (
+        lambda: lg.save_pkl({"a": 1}, "/tmp/x.pkl"),
+        lambda: lg.save_json({}, "/tmp/x.json"),
+        lambda: lg.load_json("/tmp/x.json"),
+        lambda: lg.upload_buffer(b"x", "/tmp/x.bin"),
+    ):
+        with pytest.raises(relaunch.errors.TrackingConfigError, match="file:///tmp/x"):
+            call()
+    assert lg.glob("*", wd="/tmp") is None  # a prefix from the root, which holds no run
+
+
+def test_remove_metrics_hides_earlier_rows_from_ml_logger_reads(tracking_server, loggers):
+    # ml-logger's own test_metrics_prefix and test_metrics_prefix_2.
+    server = tracking_server
+    lg = loggers("alice/demo/cut", root=server.url)
+    run = "alice.demo.cut"
+    with lg.Prefix(metrics="evaluate/", sep=""):
+        lg.log(loss=0.5, flush=True, silent=True)
+    lg.log(step=7, other=3, flush=True, silent=True)
+    with lg.Prefix("eval"):
+        lg.log(step=0, acc=0.1, flush=True, silent=True)
+    assert lg.read_metrics("evaluate/loss@mean").tolist() == [0.5]
+    lg.remove("metrics.pkl")
+    with lg.Prefix(metrics="evaluate"):
+        lg.log(loss=1, flush=True, silent=True)
+    assert lg.read_metrics("evaluate/loss@mean").tolist() == [1.0]
+    assert lg.read_metrics("other", silent=True) is None
+    assert [r.get("evaluate/loss") for r in lg.load_pkl("metrics.pkl")] == [1.0]
+    # remove under a Prefix hides that scope only; an explicit earlier step
+    # logged after the cut is shown.
+    with lg.Prefix("eval"):
+        lg.remove("metrics.pkl")
+        lg.log(step=0, acc=0.9, flush=True, silent=True)
+        assert lg.load_pkl("metrics.pkl") == [{"step": 0, "acc": 0.9}]
+    # The server keeps every row: the dashboard and relaunch.Api still see them.
+    history = relaunch.Api(server.url).run(run).history(layout="long")
+    assert 0.5 in set(history[history["key"] == "evaluate/loss"]["value"])
+    lg.job_completed(silent=True)
+
+
+def test_ping_returns_the_signals_sent_to_the_job_once_each(tracking_server, loggers, capsys):
+    # ml-logger's own test_ping: logger.client.send_signal(prefix, "stop").
+    server = tracking_server
+    lg = loggers("alice/demo/sig", root=server.url)
+    run = "alice.demo.sig"
+    assert lg.ping("alive", 0.05) == []  # nothing was sent yet
+    other = loggers("alice/demo/boss", root=server.url)
+    other.client.send_signal("alice/demo/sig", "stop")
+    lg.client.send_signal("/alice/demo/sig", {"lr": 0.1})  # its own prefix, from the root
+
+    got: list = []
+
+    def both() -> bool:
+        got.extend(lg.ping("alive"))
+        return len(got) >= 2
+
+    wait_for(both, timeout=30, what="the two signals")
+    assert got == ["stop", {"lr": 0.1}]  # oldest first, each once
+    assert not [n for n in files(server, run) if n.startswith("__signals/")]
+    time.sleep(0.2)
+    assert lg.ping("alive") == []
+    # A file that is not JSON is skipped with a message, and deleted.
+    lg.upload_buffer(b"\x80not json", "__signals/0-bad.json")
+    wait_for(
+        lambda: not [n for n in files(server, run) if n.startswith("__signals/")],
+        timeout=30,
+        what="the bad signal read",
+    )
+    assert lg.ping("alive") == []
+    assert "is not JSON" in capsys.readouterr().err
+    with pytest.raises(relaunch.errors.TrackingConfigError, match="no run"):
+        lg.client.send_signal("alice/demo/nobody", "stop")
+    lg.job_completed(silent=True)
+    # The poll ends with the run; a ping of the resumed run starts it again.
+    wait_for(lambda: not lg._signals.alive(), timeout=30, what="the poll to end")
+    other.client.send_signal("alice/demo/sig", "again")
+    wait_for(lambda: got.extend(lg.ping("resumed")) or "again" in got, 30, "the signal")
+    lg.job_completed(silent=True)
+
+
+def test_configure_away_from_an_unreachable_server_keeps_everything_and_goes_on(
+    tracking_server, loggers, free_port, capsys
+):
+    # ml-logger's own test_image points the logger at a host that does not
+    # resolve; the fixtures after it configure the test root again.
+    gone = f"http://127.0.0.1:{free_port}"  # nothing listens there
+    lg = loggers("alice/demo/away", root=gone)
+    lg.log_params(Args={"lr": 1})
+    lg.log(step=0, loss=1.0, flush=True, silent=True)
+    lg.print("a line for outputs.log")
+    lg.configure("alice/demo/back", root=tracking_server.url)  # does not raise
+    err = capsys.readouterr().err
+    assert "left run alice.demo.away while its server cannot be reached" in err
+    kept = err.split("its text files in ", 1)[1].split(" ", 1)[0]
+    assert "a line for outputs.log" in "".join(
+        open(os.path.join(kept, f)).read() for f in os.listdir(kept)
+    )
+    lg.log(step=0, loss=2.0, flush=True, silent=True)
+    with lg.Sync():
+        pass
+    assert lg.read_metrics("loss@mean").tolist() == [2.0]
+    lg.job_completed(silent=True)
+    # The records of the run left behind are in the spool: `relaunch sync` ships
+    # them (here to the server that answers), the finish included; its params
+    # wait in the outbox.
+    spool = os.environ["RELAUNCH_DIR"]
+    sync = [sys.executable, "-m", "relaunch", "sync", spool, "--server", tracking_server.url]
+    subprocess.run([*sync, "--timeout", "60"], check=True, timeout=120)
+    away = relaunch.Api(tracking_server.url).run("alice.demo.away")
+    assert away.status == "finished"
+    history = away.history(layout="long")
+    assert history[history["key"] == "loss"]["value"].tolist() == [1.0]
+    queue = Path(spool) / ".ml-logger" / "outbox" / "alice.demo.away.json"
+    assert json.loads(queue.read_text())["params"]["Args"] == {"lr": 1}
+
+
+def test_diff_outside_a_git_checkout_says_so_in_one_line(
+    tracking_server, loggers, tmp_path, capsys
+):
+    lg = loggers("alice/demo/nodiff", root=tracking_server.url)
+    assert lg.diff(diff_directory=str(tmp_path)) is None
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("logger.diff: not storing the git diff: `git diff HEAD` in ")
+    assert "\n" not in err and "git repository" in err
+    lg.job_completed(silent=True)

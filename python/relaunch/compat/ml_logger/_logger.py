@@ -22,7 +22,12 @@ import weakref
 from collections.abc import Mapping
 
 import relaunch
-from relaunch.errors import TrackingConfigError, TrackingError
+from relaunch.errors import (
+    TrackingConfigError,
+    TrackingConnectionError,
+    TrackingError,
+    TrackingTimeoutError,
+)
 
 from . import _local
 from ._api import _Api, _dashboard_base, _resolve_root, _Root, _timeout_from_env
@@ -36,6 +41,7 @@ from ._names import (
     _interpolate,
     _join,
     _key,
+    _local_path,
     _parts,
     _prefix_parts,
     _remote_scheme,
@@ -44,6 +50,7 @@ from ._names import (
     run_ids,
     utcnow,
 )
+from ._reads import METRICS_REMOVED
 from ._run_files import _FilesMixin
 from ._summary import _SummaryCache
 from ._text import LOG_FILE, _params_table, _TextFile, _TextMixin
@@ -243,8 +250,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
             raise DeprecationWarning("register_experiment is deprecated in ml-logger too")
         spec = _resolve_root(root) if root else self._root_spec()  # "": unchanged, as before
         if spec != self._root:
-            if self._run is not None:
-                self._finish(error=None)
+            self._leave()
             self._root, self._url = spec, None
         if access_token is not None:
             self._token = access_token
@@ -264,9 +270,43 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
 
     def _switch(self, prefix: str) -> None:
         if prefix != self._run_prefix and self._run is not None:
-            self._finish(error=None)
+            self._leave()
             self._texts.clear()
         self._run_prefix = prefix
+
+    def _leave(self) -> None:
+        """Finishes the run for a switch to another prefix or root. When its
+        server cannot be reached the switch still happens (a script is not
+        stuck on a server that went away) and nothing is lost: the run's
+        records stay in relaunch's spool (the next logger of the run, or
+        ``relaunch sync``, ships them), params logged during the outage in
+        the outbox (see ``_outbox``), and its text files in a folder of
+        their own, named on stderr."""
+        if self._run is None:
+            return
+        try:
+            self._finish(error=None)
+            return
+        except (TrackingConnectionError, TrackingTimeoutError) as e:
+            why = e
+        run, self._run = self._run, None
+        kept = self._text_dir if any(t.dirty for t in self._texts.values()) else None
+        if kept is not None:
+            self._text_dir = None  # the next run's text goes to a folder of its own
+        self._texts.clear()
+        try:
+            run.finish(min(self.timeout, 1.0))
+        except TrackingError:  # "finished" is in the spool with the rest: no waiting at exit
+            run._native.close()
+            run._state = "closed"
+        builtins.print(
+            f"relaunch.compat.ml_logger: left run {run.id} while its server cannot be reached "
+            f"({why}). Nothing is lost: its metrics and events stay in relaunch's spool (the "
+            "next logger of the run, or `relaunch sync`, ships them), params logged meanwhile "
+            "in the outbox (`python -m relaunch.compat.ml_logger.outbox` delivers them)"
+            + (f", and its text files in {kept} (upload them with upload_file())" if kept else ""),
+            file=sys.stderr,
+        )
 
     def _identity(self) -> tuple[str | None, str | None]:
         project, run_id = run_ids(self._run_prefix)
@@ -326,6 +366,24 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
         if not current:
             raise TrackingConfigError("the prefix is empty; give one such as 'alice/demo/run-1'")
         return False, [], run_ids(self._prefix)[1]
+
+    def _host_path(self, key: str) -> str | None:
+        """The path on this machine that the file key ``key`` names, if it
+        names one: ``file:///PATH`` always; with a local root (ml-logger's
+        local mode) also an absolute key, which ml-logger wrote exactly
+        there (``os.path.join(root, prefix, "/tmp/x")`` is ``/tmp/x``). With a
+        server as root an absolute key stays refused: ml-logger wrote it on
+        the server's disk."""
+        local = _local_path(key)
+        if (
+            local is None
+            and key.startswith("/")
+            and not key.startswith("//")
+            and self._root_spec().local is not None
+        ):
+            _parts(key, "file name", absolute_ok=True)  # no '..', no control characters
+            return key
+        return local
 
     def _target(self, keys: tuple[object, ...], path: object = None) -> tuple[bool, str, str]:
         """(own run, run id, file name) of a file key under the current prefix."""
@@ -626,11 +684,18 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
             saved = api.set_config(run_id, config)
             if own:
                 self._config = saved.get("config", config) if isinstance(saved, dict) else config
-        if "metrics.pkl" in special and run_id not in _told_metrics_stay:
+        if "metrics.pkl" in special and own:
+            # The rows stay on the server (the dashboard shows every one);
+            # ml-logger's reads of this scope start after this event.
+            sub = self._where()[1]
+            self._ensure_run().event(
+                METRICS_REMOVED, "remove('metrics.pkl')", data={"scope": "/".join(sub)}
+            )
+        elif "metrics.pkl" in special and run_id not in _told_metrics_stay:
             _told_metrics_stay.add(run_id)
             builtins.print(
-                f"relaunch.compat.ml_logger: remove(): run {run_id} keeps its metrics (a relaunch "
-                "run's metrics cannot be deleted); configure() a new prefix to start afresh",
+                f"relaunch.compat.ml_logger: remove(): run {run_id} is not this logger's, so its "
+                "metrics stay as they are; configure() its prefix to remove them",
                 file=sys.stderr,
             )
         return self._below(found)

@@ -63,12 +63,18 @@ class _MediaMixin:
         following = getattr(run, "_next", 0)
         return following if row else max(following - 1, 0)
 
-    def _save_media(self, data: bytes, name: str, own: bool, run_id: str, item: object) -> None:
-        """``data`` as the run's file ``name``, and ``item`` as its media at the current step."""
+    def _save_media(self, data: bytes, key: str, item: object) -> str:
+        """``data`` as the file ``key`` (returns its name), and ``item`` as the
+        run's media at the current step when that file is the own run's (a
+        host file, see ``_host_path``, is not the run's)."""
+        if self._write_host(key, data):
+            return key
+        own, run_id, name = self._target((key,))
         self._upload_bytes(data, own, run_id, name)
         if own and item is not None:
             run = self._ensure_run()
             run._save_media({os.path.splitext(name)[0]: item}, self._media_step())
+        return name
 
     # --- images ----------------------------------------------------------------------------
 
@@ -110,14 +116,12 @@ class _MediaMixin:
                 f"{', '.join(_PIL_FORMATS)}); it says the format"
             )
         grid = _composite(stack, n_rows, n_cols, cmap, normalize, value_range, background, dtype)
-        own, run_id, name = self._target((key,))
         import relaunch
 
         eight = grid if dtype == numpy.uint8 else (grid >> 8).astype(numpy.uint8)
         if ext == ".png" and dtype == numpy.uint8:
             item = relaunch.Image(grid)
-            self._save_media(item.data, name, own, run_id, item)
-            return name
+            return self._save_media(item.data, key, item)
         data = _encode_with_pil(grid, ext, dtype)
         item = relaunch.Image(eight)
         if ext in _IMAGE_FORMATS and dtype == numpy.uint8:
@@ -126,8 +130,7 @@ class _MediaMixin:
                 with open(path, "wb") as f:
                     f.write(data)
                 item = relaunch.Image(path)  # the same bytes as the file
-        self._save_media(data, name, own, run_id, item)
-        return name
+        return self._save_media(data, key, item)
 
     def save_image(
         self, image: object, key: str, cmap: object = None, normalize: object = None, dtype=None
@@ -167,7 +170,6 @@ class _MediaMixin:
         buf = io.BytesIO()
         fig.savefig(buf, format=format, **kwargs)  # type: ignore[attr-defined]
         data = buf.getvalue()
-        own, run_id, name = self._target((path,))
         item = None
         if "." + format.lower() in _IMAGE_FORMATS:
             import relaunch
@@ -177,7 +179,7 @@ class _MediaMixin:
                 with open(file, "wb") as f:
                     f.write(data)
                 item = relaunch.Image(file)
-        self._save_media(data, name, own, run_id, item)
+        name = self._save_media(data, path, item)
         if close:
             from matplotlib import pyplot as plt
 
@@ -229,9 +231,7 @@ class _MediaMixin:
         video = relaunch.Video(
             frame_stack, fps=fps, format=fmt, options=dict(imageio_kwargs) or None
         )
-        own, run_id, name = self._target((key,))
-        self._save_media(video.data, name, own, run_id, video)
-        return name
+        return self._save_media(video.data, key, video)
 
     def make_video(
         self,

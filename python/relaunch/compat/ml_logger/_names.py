@@ -82,8 +82,10 @@ def _parts(path: str, what: str, *, absolute_ok: bool = False) -> tuple[bool, li
     absolute = path.startswith("/")
     if absolute and not absolute_ok:
         raise TrackingConfigError(
-            f"{what} {path!r} is absolute; ml-logger wrote it outside its root, relaunch names "
-            "runs and files relative to the server: drop the leading '/' (e.g. 'alice/demo/run-1')"
+            f"{what} {path!r} is absolute; ml-logger wrote it outside its root (with a server, "
+            "on the server's disk), relaunch names runs and files relative to the server: drop "
+            "the leading '/' (e.g. 'alice/demo/run-1'), or write file://"
+            f"{path if path.startswith('/') else '/' + path} for a file on this machine"
         )
     parts = [p for p in path.split("/") if p not in ("", ".")]
     for p in parts:

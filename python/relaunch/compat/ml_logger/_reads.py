@@ -38,7 +38,6 @@ from ._names import (
     _file_scope,
     _glob_regex,
     _key,
-    _local_path,
     _parts,
     _prefix_parts,
     pJoin,
@@ -51,6 +50,9 @@ if TYPE_CHECKING:
 
 PARAMS_NAME = "parameters.pkl"
 METRICS_NAME = "metrics.pkl"
+METRICS_REMOVED = "ml-logger.metrics-removed"
+"""The event ``remove("metrics.pkl")`` records (data: the scope, a key prefix
+of the run): ml-logger's reads of the scope skip the rows logged before it."""
 _PAGE = 10_000
 
 
@@ -78,6 +80,24 @@ def _subtree(config: object, parts: Iterable[str]) -> dict | None:
     for part in parts:
         config = config.get(part) if isinstance(config, dict) else None
     return config if isinstance(config, dict) and config else None
+
+
+def _after_removals(long: pandas.DataFrame, events: list[dict]) -> pandas.DataFrame:
+    """The rows of ``long`` (a run's history) that no later
+    ``remove("metrics.pkl")`` of their scope hid (see ``METRICS_REMOVED``)."""
+    keys = None
+    for event in events:
+        data = event.get("data")
+        if event.get("kind") != METRICS_REMOVED or not isinstance(data, dict):
+            continue
+        if keys is None:
+            keys = long["key"].astype(str)
+        scope = str(data.get("scope") or "")
+        hidden = long["wall"] < float(event["wall"])
+        if scope:
+            hidden &= keys.str.startswith(scope + "/")
+        long, keys = long[~hidden], keys[~hidden]
+    return long
 
 
 class _ReadsMixin:
@@ -143,6 +163,9 @@ class _ReadsMixin:
         except LookupError:
             return None
         long = record.history(layout="long")
+        if long.empty:
+            return None
+        long = _after_removals(long, record.events())
         if long.empty:
             return None
         keys = long["key"].astype(str)
@@ -309,13 +332,27 @@ class _ReadsMixin:
         files and folders, and each run's ``parameters.pkl`` and
         ``metrics.pkl`` (see the module doc); runs below the prefix are
         looked into too. A query starting with ``/`` (and no ``wd``) globs
-        from the root and returns paths starting with ``/``. Sorted; None
-        when nothing is there."""
+        from the root and returns paths starting with ``/``. With a local
+        root, an absolute ``wd`` that holds no run is the folder of this
+        machine that ml-logger's local mode globbed there (where absolute
+        keys are written: see ``_host_path``). Sorted; None when nothing
+        is there."""
         found = self._glob_entries(query, wd, recursive)
         if found is None:
-            return None
+            return self._glob_host(query, wd, recursive, start, stop)
         lead, entries = found
         return [lead + p for p in sorted(entries)][start:stop]
+
+    def _glob_host(
+        self, query: str, wd: str | None, recursive: bool, start: int | None, stop: int | None
+    ) -> list[str] | None:
+        if not (wd and self._host_path(wd) and self._root_spec().local is not None):
+            return None
+        import glob as globbing
+
+        _parts(query, "glob query")  # no '..' out of wd
+        found = globbing.glob(query.lstrip("/"), root_dir=wd, recursive=recursive)
+        return sorted(found)[start:stop] or None
 
     def _glob_files(self, query: str, wd: str | None = None) -> list[str]:
         """The run files (no folders, no params or metrics) that match, sorted."""
@@ -467,7 +504,7 @@ class _ReadsMixin:
         file of the run when there is one, else the run's metrics."""
         import pandas
 
-        local = _local_path(path)
+        local = self._host_path(path)
         own, run_id, name = (False, "", "") if local else self._locate((path,))
         if local or self._exists(own, run_id, name):
             if path.endswith(".jsonl"):

@@ -46,7 +46,7 @@ from relaunch.errors import (
 from . import _state
 from ._helpers import _HelpersMixin
 from ._media import _MediaMixin
-from ._names import _key, _local_path, _parts, _remote_scheme
+from ._names import _key, _parts, _remote_scheme
 from ._outbox import _OutboxMixin
 from ._reads import _ReadsMixin
 from ._values import _jsonable
@@ -179,6 +179,27 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
             self._run.flush(self.timeout)
             self._on_server_files |= self.__dict__.pop("_spooled")
 
+    def _write_host(self, key: str, data: bytes) -> bool:
+        """``data`` into the host file that ``key`` names (see ``_host_path``),
+        replaced atomically; False when the key names a file of a run."""
+        local = self._host_path(key)
+        if local is None:
+            return False
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+        temp = f"{local}.{os.getpid()}.tmp"
+        with open(temp, "wb") as f:
+            f.write(data)
+        os.replace(temp, local)
+        return True
+
+    def _put(self, key: str, data: bytes) -> str:
+        """``data`` as the file ``key``: a host file or the run's; returns its name."""
+        if self._write_host(key, data):
+            return key
+        own, run_id, name = self._target((key,))
+        self._upload_bytes(data, own, run_id, name)
+        return name
+
     def _upload_bytes(self, data: bytes, own: bool, run_id: str, name: str) -> None:
         with tempfile.TemporaryDirectory(prefix="relaunch-ml-logger-") as tmp:
             path = os.path.join(tmp, "data")
@@ -219,7 +240,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
 
     def _read_bytes(self, keys: tuple[object, ...], path: object = None) -> bytes | None:
         key = _key(keys, path)
-        local = _local_path(key)
+        local = self._host_path(key)
         if local is not None:
             if not os.path.exists(local):
                 return None
@@ -250,6 +271,11 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         if not isinstance(target_path, str):
             raise TypeError(f"target_path must be a str, not {type(target_path).__name__}")
         target = target_path + os.path.basename(file_path) if target_path.endswith("/") else None
+        local = self._host_path(target or target_path)
+        if local is not None:
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            shutil.copyfile(file_path, local)
+            return target or target_path
         own, run_id, name = self._target((target or target_path,))
         self._upload(file_path, own, run_id, name)
         return name
@@ -257,22 +283,15 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
     def upload_buffer(self, buffer: bytes, key: str) -> str:
         if not isinstance(buffer, bytes | bytearray | memoryview):
             raise TypeError(f"buffer must be bytes, not {type(buffer).__name__}")
-        own, run_id, name = self._target((key,))
-        self._upload_bytes(bytes(buffer), own, run_id, name)
-        return name
+        return self._put(key, bytes(buffer))
 
     def save_json(self, data: object, key: str) -> str:
-        own, run_id, name = self._target((key,))
-        self._upload_bytes(json.dumps(_jsonable(data)).encode(), own, run_id, name)
-        return name
+        return self._put(key, json.dumps(_jsonable(data)).encode())
 
     def save_yaml(self, data: object, file: str) -> str:
         """``data`` as YAML (safe types: what JSON holds) into the run's file."""
         yaml = _yaml()
-        own, run_id, name = self._target((file,))
-        text = yaml.safe_dump(_jsonable(data), sort_keys=False)
-        self._upload_bytes(text.encode(), own, run_id, name)
-        return name
+        return self._put(file, yaml.safe_dump(_jsonable(data), sort_keys=False).encode())
 
     def load_yaml(self, *keys: str, Loader: object = None) -> object:
         """The run's YAML file (``yaml.SafeLoader`` unless ``Loader`` says
@@ -385,7 +404,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         else:
             record = pickle.dumps(data)
         key = _key(keys, path)
-        local = _local_path(key)
+        local = self._host_path(key)
         earlier = b""
         if append:
             earlier = self._read_bytes(keys, path) or b""
@@ -394,9 +413,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         if not earlier or _state.trusted(earlier):
             _state.remember(whole)
         if local is not None:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            with open(local, "wb") as f:
-                f.write(whole)
+            self._write_host(key, whole)
             return key
         own, run_id, name = self._target(keys, path)
         self._upload_bytes(whole, own, run_id, name)
@@ -428,7 +445,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         ``allow_pickle=True`` or ``RELAUNCH_ALLOW_PICKLE=1``.
         """
         key = _key(keys)
-        local = _local_path(key)
+        local = self._host_path(key)
 
         def read() -> tuple[bytes | None, list | None]:
             if local is not None:
@@ -490,7 +507,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
 
     def _save_with(self, save, keys: tuple, path: str | None, tries: int, backup: float) -> str:
         key = _key(keys, path)
-        local = _local_path(key)
+        local = self._host_path(key)
         if local is not None:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             save(local)
@@ -504,7 +521,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
 
     def _load_with(self, load, keys: tuple, path: str | None) -> object:
         key = _key(keys, path)
-        local = _local_path(key)
+        local = self._host_path(key)
         if local is not None:
             return load(local)
         own, run_id, name = self._locate(keys, path)
@@ -599,7 +616,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
         if isinstance(excludes, str):
             excludes = (excludes,)
         _remote_scheme(target)
-        local = _local_path(target)
+        local = self._host_path(target)
         chosen = _walk(dir_path, tuple(excludes))
         if not archive:
             if local is not None:
@@ -638,7 +655,7 @@ class _FilesMixin(_ReadsMixin, _MediaMixin, _HelpersMixin, _OutboxMixin):
                 raise TypeError(f"{what} must be a path, not {value!r}")
         source_path, to = os.fspath(source_path), os.path.abspath(os.fspath(to))
         _remote_scheme(source_path)
-        local = _local_path(source_path)
+        local = self._host_path(source_path)
         if unpack:
             if unpack not in _ARCHIVES:
                 raise ValueError(f"unpack={unpack!r}: use one of {', '.join(_ARCHIVES)}, or None")

@@ -184,7 +184,12 @@ class _TextMixin:
             check=False,
         )
         if done.returncode != 0:
-            builtins.print(f"logger.diff: git failed: {done.stderr.strip()}", file=sys.stderr)
+            lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+            builtins.print(
+                f"logger.diff: not storing the git diff: `git diff {ref}` in "
+                f"{os.path.abspath(diff_directory)} failed: {lines[0]}",
+                file=sys.stderr,
+            )
             return None
         self.log_text(done.stdout, diff_filename, overwrite=True)
         if verbose:
