@@ -24,7 +24,14 @@ Figures (every side alternately, `--repeat` times, medians):
   optimizer steps, 360 MiB) uploaded, then the next one after one more
   step in which only 2 of 40 blocks train (the others stay in the optimizer
   with zero gradients, so their tensors keep their bytes but every `step`
-  scalar advances): bytes sent against the bytes that changed.
+  scalar advances): bytes sent against the bytes that changed;
+- the same three, a checkpoint that Lightning's ModelCheckpoint writes one
+  training step after the last (real Lightning, 2 of the blocks training
+  with Adam) and a safetensors file with tensors scattered over it
+  changed, each saved under a new name (`ckpt-1.pt` then `ckpt-2.pt`,
+  `epoch=0-step=3.ckpt` then `epoch=0-step=4.ckpt`): bytes sent against
+  the bytes of the tensors that changed (target <= 1.1x), and against the
+  same pair saved under one name (`--renamed-only` runs these alone).
 Results go to stdout as a markdown table and to bench/out/files.json. The
 ratio is relaunch's advantage: above 1 means relaunch took less time or sent
 fewer bytes.
@@ -228,7 +235,12 @@ class Bench:
 
 
 def make_checkpoints(
-    scratch: Path, total: int, share: float, pattern: str
+    scratch: Path,
+    total: int,
+    share: float,
+    pattern: str,
+    names: tuple[str, str] = ("model.pt", "model.pt"),
+    writer: str = "torch",
 ) -> tuple[Path, Path, float]:
     """Two torch.save files of one transformer-like state_dict (blocks of a
     GPT-like layer, d=512: attention and MLP weights, biases, layer norms,
@@ -237,18 +249,28 @@ def make_checkpoints(
     trains between two checkpoints. `pattern` "layers": every tensor of
     round(share * blocks) blocks chosen at random (fixed seed); "tensors":
     single tensors chosen at random, up to `share` of the bytes. Returns the
-    paths and the share of the weight bytes that changed."""
+    paths and the share of the weight bytes that changed. `names`: the two
+    files' names (torch.save names the zip archive's top directory after
+    the file, and that name heads every tensor's record); `writer`:
+    "torch" (torch.save) or "safetensors" (save_file, with the step in its
+    metadata)."""
     import torch
+
+    def save(state: dict, path: Path, step: int) -> None:
+        if writer == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file(state, str(path), metadata={"step": str(step)})
+        else:
+            torch.save(state, path)
 
     g = torch.Generator().manual_seed(0)
     state, blocks = gpt_state_dict(total, 512 if total >= 256 * MIB else 256, g)
-    # The same file name in both: torch.save names the zip archive's top
-    # directory after the file, and that name heads every tensor's record.
     d1, d2 = scratch / f"{pattern}-1", scratch / f"{pattern}-2"
-    first, second = d1 / "model.pt", d2 / "model.pt"
+    first, second = d1 / names[0], d2 / names[1]
     d1.mkdir()
     d2.mkdir()
-    torch.save(state, first)
+    save(state, first, 1)
     weight_bytes = sum(t.numel() * t.element_size() for t in state.values())
     if pattern == "layers":
         chosen = torch.randperm(blocks, generator=g)[: max(1, round(share * blocks))].tolist()
@@ -264,12 +286,14 @@ def make_checkpoints(
     for name in names:
         t = state[name]
         t.add_(torch.randn(t.shape, generator=g) * 1e-3)  # a training step's update
-    torch.save(state, second)
+    save(state, second, 2)
     changed = sum(state[n].numel() * state[n].element_size() for n in names)
     return first, second, changed / weight_bytes
 
 
-def make_adam_checkpoints(scratch: Path, total: int) -> tuple[Path, Path, int, int]:
+def make_adam_checkpoints(
+    scratch: Path, total: int, names: tuple[str, str] = ("model.pt", "model.pt")
+) -> tuple[Path, Path, int, int]:
     """Two torch.save files of {"model": ..., "optimizer": ...}: GPT-like
     blocks (d=256, 40 blocks at 360 MiB) and torch.optim.Adam's state after
     3 steps, then after a 4th. Only 2 blocks train (random gradients); the
@@ -304,7 +328,7 @@ def make_adam_checkpoints(scratch: Path, total: int) -> tuple[Path, Path, int, i
         return out
 
     d1, d2 = scratch / "adam-1", scratch / "adam-2"
-    first, second = d1 / "model.pt", d2 / "model.pt"
+    first, second = d1 / names[0], d2 / names[1]
     d1.mkdir()
     d2.mkdir()
     for _ in range(3):
@@ -317,6 +341,147 @@ def make_adam_checkpoints(scratch: Path, total: int) -> tuple[Path, Path, int, i
     changed_bytes = sum(t.numel() * t.element_size() for t in changed)
     small = sum(1 for t in changed if t.numel() * t.element_size() < 64 * 1024)
     return first, second, changed_bytes, small
+
+
+LIGHTNING_MODULE = """
+import sys, torch, lightning.pytorch as pl
+sys.path.insert(0, sys.argv[3])
+from common import gpt_state_dict
+
+class Blocks(pl.LightningModule):
+    def __init__(self, total):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        state, blocks = gpt_state_dict(total, 256, g)
+        trained = {f"blocks.{i}." for i in torch.randperm(blocks, generator=g)[:2].tolist()}
+        self.names = list(state)
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(v, requires_grad=any(k.startswith(b) for b in trained))
+            for k, v in state.items()
+        )
+
+    def training_step(self, batch, i):
+        (x,) = batch
+        return sum((p * x.mean()).square().mean() for p in self.weights if p.requires_grad)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=8)
+saver = pl.callbacks.ModelCheckpoint(dirpath=sys.argv[1], every_n_train_steps=1, save_top_k=-1)
+trainer = pl.Trainer(
+    max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+    enable_model_summary=False, callbacks=[saver],
+)
+trainer.fit(Blocks(int(sys.argv[2])), data)
+"""
+
+
+def make_lightning_checkpoints(scratch: Path, total: int) -> tuple[Path, Path, int]:
+    """Two checkpoints that Lightning's ModelCheckpoint writes one training
+    step apart (`epoch=0-step=3.ckpt`, `epoch=0-step=4.ckpt`): GPT-like
+    blocks (d=256) of which 2 train, with Adam. Returns the paths and the
+    bytes of the tensors that differ between them."""
+    import torch
+
+    out = scratch / "lightning"
+    subprocess.run(
+        [sys.executable, "-c", LIGHTNING_MODULE, str(out), str(total // 3), str(ROOT / "bench")],
+        check=True,
+        capture_output=True,
+    )
+    first, second = out / "epoch=0-step=3.ckpt", out / "epoch=0-step=4.ckpt"
+
+    def tensors(path: Path) -> list:
+        ckpt = torch.load(path, weights_only=False)
+        found: list = []
+
+        def walk(x: object) -> None:
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+            elif isinstance(x, dict):
+                for v in x.values():
+                    walk(v)
+            elif isinstance(x, list | tuple):
+                for v in x:
+                    walk(v)
+
+        walk(ckpt["state_dict"])
+        walk(ckpt["optimizer_states"])
+        return found
+
+    a, b = tensors(first), tensors(second)
+    assert len(a) == len(b), (len(a), len(b))
+    changed = sum(
+        y.numel() * y.element_size()
+        for x, y in zip(a, b, strict=True)
+        if x.shape != y.shape or not torch.equal(x, y)
+    )
+    return first, second, changed
+
+
+def renamed(bench: Bench, scratch: Path, total: int, shape: str, what: str) -> None:
+    """The next checkpoint saved under a new name, as training loops name
+    them (`ckpt-1.pt`, `ckpt-2.pt`; Lightning's `epoch=0-step=N.ckpt`):
+    the bytes the second upload sends against the bytes of the tensors
+    that changed (target <= 1.1x), and against the same pair saved under
+    one name (the peer: what dedup gave before a new name mattered)."""
+    if shape == "lightning":
+        pairs = {"renamed": make_lightning_checkpoints(scratch, total)}
+    elif shape == "adam":
+        pairs = {}
+        for key, names in (("same", ("model.pt",) * 2), ("renamed", ("ckpt-1.pt", "ckpt-2.pt"))):
+            (scratch / key).mkdir(exist_ok=True)
+            first, second, changed, _ = make_adam_checkpoints(scratch / key, total, names)
+            pairs[key] = (first, second, changed)
+    else:
+        pattern, writer = ("tensors", "safetensors") if shape == "safetensors" else (shape, "torch")
+        ext = ".safetensors" if writer == "safetensors" else ".pt"
+        pairs = {}
+        for key, names in (
+            ("same", (f"model{ext}",) * 2),
+            ("renamed", (f"ckpt-1{ext}", f"ckpt-2{ext}")),
+        ):
+            (scratch / key).mkdir(exist_ok=True)
+            first, second, share = make_checkpoints(
+                scratch / key, total, 0.10, pattern, names, writer
+            )
+            weight_bytes = second.stat().st_size  # about the weights: the header is small
+            pairs[key] = (first, second, int(share * weight_bytes))
+    sent: dict[str, dict] = {}
+    for _ in range(bench.repeat):
+        for key, (first, second, changed) in pairs.items():
+            server = RelaunchServer(scratch)
+            try:
+                run = server.new_run("bench-renamed")
+                cmd = [sys.executable, str(HERE / "clients.py"), "relaunch", server.url, run]
+                run_json([*cmd, str(first), first.name])
+                done = run_json([*cmd, str(second), second.name])
+            finally:
+                server.stop()
+            bench.sample(f"{shape}-{key}-sent", done["sent_bytes"] / MIB)
+            sent[key] = {**done, "changed_bytes": changed}
+    ours = f"{shape}-renamed-sent"
+    theirs = f"{shape}-same-sent" if "same" in pairs else ours
+    changed = sent["renamed"]["changed_bytes"]
+    row = bench.row(
+        f"re-upload under a new name ({what}), {changed / MIB:.1f} MiB of tensors changed: "
+        "MiB sent",
+        "MiB",
+        ours,
+        theirs,
+        "same name" if "same" in pairs else "itself",
+        None,
+        changed_bytes=changed,
+        uploads=sent,
+    )
+    ratio = row["relaunch"] * MIB / changed
+    row["target"], row["met"] = "<= 1.1x changed", ratio <= 1.1
+    row["sent_over_changed"] = ratio
+    print(f"  sent {ratio:.3f}x the bytes that changed", flush=True)
+    for first, second, _ in pairs.values():
+        shutil.rmtree(first.parent, ignore_errors=True)
+        shutil.rmtree(second.parent, ignore_errors=True)
 
 
 def reupload(
@@ -406,6 +571,7 @@ def main() -> None:
     p.add_argument(
         "--reupload-only", action="store_true", help="only the re-upload figures (no 4 GiB file)"
     )
+    p.add_argument("--renamed-only", action="store_true", help="only the new-name figures")
     p.add_argument("--scratch", type=Path, default=ROOT / "bench" / "out")
     a = p.parse_args()
     quick = (1, 256, 36) if a.quick else (3, 4096, 360)
@@ -422,12 +588,19 @@ def main() -> None:
     try:
         versions = run_json([str(PEER_PY), "-c", VERSIONS])
         print(f"# files benchmark, {os.cpu_count()} CPUs, median of {a.repeat}, {versions}")
-        peer = MlLoggerServer(scratch / "ml-logger-data")
-        if not a.reupload_only:
-            upload(bench, peer, scratch, size, a.repeat)
-        reupload(bench, peer, scratch, a.ckpt_mib * MIB, "layers", "whole layers")
-        reupload(bench, peer, scratch, a.ckpt_mib * MIB, "tensors", "tensors scattered")
-        reupload(bench, peer, scratch, a.ckpt_mib * MIB, "adam", "model + Adam, one more step")
+        ckpt = a.ckpt_mib * MIB
+        if not a.renamed_only:
+            peer = MlLoggerServer(scratch / "ml-logger-data")
+            if not a.reupload_only:
+                upload(bench, peer, scratch, size, a.repeat)
+            reupload(bench, peer, scratch, ckpt, "layers", "whole layers")
+            reupload(bench, peer, scratch, ckpt, "tensors", "tensors scattered")
+            reupload(bench, peer, scratch, ckpt, "adam", "model + Adam, one more step")
+        renamed(bench, scratch, ckpt, "layers", "torch.save, whole layers")
+        renamed(bench, scratch, ckpt, "tensors", "torch.save, tensors scattered")
+        renamed(bench, scratch, ckpt, "adam", "torch.save, model + Adam one step on")
+        renamed(bench, scratch, ckpt, "lightning", "Lightning ModelCheckpoint, one step on")
+        renamed(bench, scratch, ckpt, "safetensors", "safetensors, tensors scattered")
     finally:
         if peer is not None:
             peer.stop()
@@ -441,7 +614,7 @@ def main() -> None:
         "peer_versions": versions,
         "rows": bench.rows,
     }
-    name = "files.reupload" if a.reupload_only else "files"
+    name = "files.renamed" if a.renamed_only else "files.reupload" if a.reupload_only else "files"
     write_result(f"{name}.quick" if a.quick else name, result)
     print("\n| figure | relaunch | peer | ratio | target | met? |\n|---|---|---|---|---|---|")
     for r in bench.rows:

@@ -2,8 +2,10 @@
 //! hash (rsync's lesson: never send what the other side has).
 //!
 //! An upload: the client cuts the file into chunks ([`Chunks`]: FastCDC
-//! with [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`], and cuts before zip
-//! entries, so each large tensor of a `torch.save` file has chunks of its own), asks `POST /chunks/missing` which chunks
+//! with [`CHUNK_MIN`], [`CHUNK_AVG`], [`CHUNK_MAX`], and cuts where a
+//! `torch.save` or safetensors file's tensors begin and end, so each large
+//! tensor has chunks of its own whatever the file is called), asks `POST
+//! /chunks/missing` which chunks
 //! the server lacks, `PUT /chunks/{hash}`s those (the server checks each
 //! hash), then commits the file's [`FileManifest`] with `POST
 //! /runs/{id}/files`; the file is visible only once that commit is. An
@@ -83,17 +85,25 @@ pub struct Piece {
 
 /// The protocol's chunks of what a reader holds, in order. A chunk ends at
 /// the first of: FastCDC's cut ([`CHUNK_MIN`], [`CHUNK_AVG`],
-/// [`CHUNK_MAX`], normalization level 1), or the start of a zip entry
-/// ([`ZIP_ENTRY`]) that is large, or small once the chunk holds
-/// [`ENTRY_GROUP`](crate::zip_cuts::ENTRY_GROUP) bytes
-/// ([`crate::zip_cuts::entry_cut`]). FastCDC alone would put a small
-/// tensor that changed in the same ~1 MiB chunk as its neighbours; cutting
-/// at entries keeps each large tensor of a `torch.save` file in chunks of
-/// its own and groups runs of small ones (Adam's `step` scalars) in chunks
-/// of about 32 KiB, so a checkpoint where scattered tensors changed sends
-/// about those tensors, not a megabyte for each. The cut depends only on
-/// the bytes: the same content gives the same chunks wherever it sits,
-/// which is what makes successive uploads share them.
+/// [`CHUNK_MAX`], normalization level 1), or where the file's layout says
+/// a tensor's bytes begin or end:
+/// - in a zip (`torch.save`, [`ZIP_ENTRY`]), at a large entry's header,
+///   after it, and after its data, and before a small entry's header once
+///   the chunk holds [`ENTRY_GROUP`](crate::zip_cuts::ENTRY_GROUP) bytes
+///   ([`crate::zip_cuts::cut`]);
+/// - in a safetensors file, after its header and at each large tensor's
+///   start and end ([`crate::safetensors_cuts::plan`]).
+///
+/// FastCDC alone would put a small tensor that changed in the same ~1 MiB
+/// chunk as its neighbours, and a zip header (which holds the archive's
+/// name, the file's name in a `torch.save` file) in the same chunk as the
+/// start of its tensor; cut this way, each large tensor's bytes are chunks
+/// of their own, the same whatever the file is called, and runs of small
+/// ones (Adam's `step` scalars) are grouped in chunks of about 32 KiB, so
+/// a checkpoint where scattered tensors changed sends about those tensors,
+/// not a megabyte for each, under any name. The cut depends only on the
+/// bytes: the same content gives the same chunks wherever it sits, which
+/// is what makes successive uploads share them.
 ///
 /// Chunks are slices of one read buffer (no copy per chunk).
 #[derive(Debug)]
@@ -104,6 +114,10 @@ pub struct Chunks<R> {
     offset: u64,
     eof: bool,
     masks: (u64, u64),
+    /// The large zip entry whose data the block starts in.
+    inside: Option<crate::zip_cuts::DataEnd>,
+    /// A safetensors file's planned cuts still ahead (None: not one).
+    planned: Option<std::collections::VecDeque<u64>>,
 }
 
 /// How much [`Chunks`] reads at a time.
@@ -117,6 +131,8 @@ impl<R: std::io::Read> Chunks<R> {
             offset: 0,
             eof: false,
             masks: fastcdc::v2020::select_masks(CHUNK_AVG, fastcdc::v2020::Normalization::Level1),
+            inside: None,
+            planned: None,
         }
     }
 
@@ -148,8 +164,8 @@ impl<R: std::io::Read> Chunks<R> {
     }
 
     /// Where the chunk at the start of the block ends: FastCDC's cut, or
-    /// a zip entry before it ([`crate::zip_cuts::entry_cut`]).
-    fn cut_point(&self) -> usize {
+    /// a tensor's start or end before it (see [`Chunks`]).
+    fn cut_point(&mut self) -> usize {
         let window = &self.block[..self.block.len().min(CHUNK_MAX)];
         let (mask_s, mask_l) = self.masks;
         let (_, cdc) = fastcdc::v2020::cut(
@@ -163,7 +179,21 @@ impl<R: std::io::Read> Chunks<R> {
             mask_l << 1,
         );
         let cdc = cdc.clamp(1, window.len());
-        crate::zip_cuts::entry_cut(&self.block, cdc)
+        if self.offset == 0 {
+            self.planned = crate::safetensors_cuts::plan(&self.block);
+        }
+        if let Some(planned) = &mut self.planned {
+            while planned.front().is_some_and(|&c| c <= self.offset) {
+                planned.pop_front();
+            }
+            return match planned.front() {
+                Some(&next) if next - self.offset <= cdc as u64 => (next - self.offset) as usize,
+                _ => cdc,
+            };
+        }
+        let (cut, inside) = crate::zip_cuts::cut(&self.block, self.offset, cdc, self.inside);
+        self.inside = inside;
+        cut
     }
 }
 

@@ -2,7 +2,8 @@
 //! ([`types`]), the binary batch format for bulk metrics, console lines
 //! and events ([`batch`]) and the column format of bulk reads
 //! ([`columns`]), the file protocol and its chunker ([`files`],
-//! its zip entry cuts in [`zip_cuts`]).
+//! its zip entry cuts in [`zip_cuts`] and safetensors cuts in
+//! [`safetensors_cuts`]).
 //! The server and the client both depend on this crate and never on each
 //! other.
 
@@ -11,6 +12,7 @@ pub mod columns;
 pub mod files;
 pub mod float;
 pub mod names;
+pub mod safetensors_cuts;
 pub mod types;
 pub mod zip_cuts;
 

@@ -2,23 +2,32 @@
 //! ([`crate::files::Chunks`]) that reads zip local file headers.
 //!
 //! A `torch.save` file is a zip of stored entries, one per tensor storage.
-//! A large entry (at least [`LARGE_ENTRY`] bytes of data) always starts a
-//! chunk, so its chunks are its own whatever surrounds it. Small entries
-//! (an Adam `step` scalar, a bias) are grouped: a chunk ends before a small
-//! entry's header only once it holds [`ENTRY_GROUP`] bytes, so thousands of
-//! scalars make a few chunks, and a changed scalar costs its group (less
-//! than [`ENTRY_GROUP`] plus one small entry), never a large neighbour's
-//! megabytes.
+//! A large entry (at least [`LARGE_ENTRY`] bytes of data) gets chunks of
+//! its own, and its header gets one apart from its data: the header names
+//! the entry after the archive's top directory, which `torch.save` names
+//! after the file (`epoch=3-step=500/data/7` in `epoch=3-step=500.ckpt`),
+//! so a checkpoint saved under a new name changes every header and no
+//! data chunk. The data's chunks are FastCDC's from the data's first byte,
+//! and its last one ends with the data (and the data descriptor after it,
+//! which holds only the CRC and sizes), whatever follows. Small entries
+//! (an Adam `step` scalar, a bias) are grouped, headers and all: a chunk
+//! ends before a small entry's header only once it holds [`ENTRY_GROUP`]
+//! bytes, so thousands of scalars make a few chunks, and a changed scalar
+//! costs its group (less than [`ENTRY_GROUP`] plus one small entry), never
+//! a large neighbour's megabytes.
 //!
 //! An entry's size comes from its local header, from the zip64 extra field
 //! when the header's sizes are `0xFFFFFFFF`, or, when general-purpose flag
 //! bit 3 is set (PyTorch's writer sets it and leaves the sizes at zero),
 //! from the data descriptor (`PK\x07\x08`, then the CRC and sizes) that
 //! follows the data: an entry is small when such a descriptor, naming the
-//! data's exact length, turns up within [`LARGE_ENTRY`] bytes. A header
-//! with no usable size (cut off by the end of the file, a malformed zip64
-//! field) cuts as before this rule: at least
-//! [`ENTRY_CUT_MIN`](crate::files::ENTRY_CUT_MIN) bytes in.
+//! data's exact length, turns up within [`LARGE_ENTRY`] bytes, and a large
+//! one's data ends at the first descriptor that names exactly the bytes
+//! since the data began ([`DataEnd::Described`]). A header with no usable
+//! size (cut off by the end of the file, a malformed zip64 field) cuts as
+//! before these rules: at least
+//! [`ENTRY_CUT_MIN`](crate::files::ENTRY_CUT_MIN) bytes in. Inside a large
+//! entry's data no signature counts.
 //!
 //! Everything here reads only the bytes it is given, at most [`LOOKAHEAD`]
 //! past a header, so the cuts are a function of the file's bytes alone.
@@ -49,15 +58,30 @@ pub const LOOKAHEAD: usize = HEADER_LEN + 2 * u16::MAX as usize + LARGE_ENTRY + 
 /// What a local file header says about its entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Entry {
-    /// At least [`LARGE_ENTRY`] bytes of data; the first `inside` bytes
-    /// from the header on are the entry's own (a signature there is data).
+    /// At least [`LARGE_ENTRY`] bytes of data, starting `data` bytes after
+    /// the header's first; `size`: how many, when the header says.
     Large {
-        inside: usize,
+        data: usize,
+        size: Option<u64>,
     },
     Small,
     /// No usable size.
     Unknown,
 }
+
+/// Where the data of the large entry that the chunker is inside ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataEnd {
+    /// At this offset of the file (the header gave the size).
+    At(u64),
+    /// Right after the data descriptor that names, as both sizes, the
+    /// bytes from this offset of the file (where the data began) to the
+    /// descriptor.
+    Described(u64),
+}
+
+/// A data descriptor's length, with 4- and 8-byte sizes.
+const DESCRIPTOR32_LEN: usize = 16;
 
 fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
@@ -99,9 +123,9 @@ fn entry_at(bytes: &[u8]) -> Entry {
         (size, _) => u64::from(size),
     };
     if size >= LARGE_ENTRY as u64 {
-        let inside = usize::try_from(size).unwrap_or(usize::MAX);
         Entry::Large {
-            inside: data.saturating_add(inside),
+            data,
+            size: Some(size),
         }
     } else {
         Entry::Small
@@ -124,12 +148,79 @@ fn described(bytes: &[u8], data: usize) -> Entry {
     }
     // Every place a small entry's descriptor could be was in view.
     if bytes.len() >= data + LARGE_ENTRY + DESCRIPTOR64_LEN {
-        Entry::Large {
-            inside: data + LARGE_ENTRY,
-        }
+        Entry::Large { data, size: None }
     } else {
         Entry::Unknown
     }
+}
+
+/// Where the descriptor that ends a large entry's data (begun at `start`
+/// in the file) starts and ends in `block` (at `offset` in the file), if
+/// it starts at or before `cdc`: a `PK\x07\x08` whose two sizes, 4 or 8
+/// bytes each, both name the bytes from `start` to it.
+fn descriptor_at(block: &[u8], offset: u64, start: u64, cdc: usize) -> Option<(usize, usize)> {
+    let end = block.len().min(cdc + DESCRIPTOR.len());
+    for at in memchr::memmem::find_iter(&block[..end], DESCRIPTOR) {
+        let length = (offset + at as u64).checked_sub(start)?;
+        let sized32 = |i| u32_at(block, at + i).map(u64::from) == Some(length);
+        let sized64 = |i| u64_at(block, at + i) == Some(length);
+        if sized32(8) && sized32(12) {
+            return Some((at, at + DESCRIPTOR32_LEN));
+        }
+        if sized64(8) && sized64(16) {
+            return Some((at, at + DESCRIPTOR64_LEN));
+        }
+    }
+    None
+}
+
+/// The chunk at the start of `block` (at `offset` in the file) and where
+/// the chunker is after it, given FastCDC's cut `cdc` (at most the block's
+/// length, at most [`CHUNK_MAX`](crate::files::CHUNK_MAX)) and `inside`,
+/// the large entry whose data the block starts in (from the call before):
+/// - inside a large entry's data: its end if that comes by `cdc`, else
+///   `cdc`, and no signature counts;
+/// - at the header of a large entry: the header alone;
+/// - else [`entry_cut`].
+///
+/// `block` must hold [`LOOKAHEAD`] bytes past `cdc`, or the rest of the
+/// file.
+pub fn cut(
+    block: &[u8],
+    offset: u64,
+    cdc: usize,
+    inside: Option<DataEnd>,
+) -> (usize, Option<DataEnd>) {
+    match inside {
+        Some(DataEnd::At(end)) if end > offset => {
+            let left = usize::try_from(end - offset).unwrap_or(usize::MAX);
+            return if left <= cdc {
+                (left, None)
+            } else {
+                (cdc, inside)
+            };
+        }
+        Some(DataEnd::Described(start)) => {
+            return match descriptor_at(block, offset, start, cdc) {
+                // A descriptor across the largest chunk's end: the chunk ends
+                // before it, and the next one starts with it.
+                Some((at, after)) if after > crate::files::CHUNK_MAX => (at, inside),
+                Some((_, after)) => (after, None),
+                None => (cdc, inside),
+            };
+        }
+        _ => {}
+    }
+    if block.starts_with(ZIP_ENTRY)
+        && let Entry::Large { data, size } = entry_at(block)
+    {
+        let next = match size {
+            Some(size) => DataEnd::At(offset + data as u64 + size),
+            None => DataEnd::Described(offset + data as u64),
+        };
+        return (data, Some(next));
+    }
+    (entry_cut(block, cdc), None)
 }
 
 /// The compressed size in a zip64 extended information field, among the
@@ -149,24 +240,19 @@ fn zip64_size(mut extra: &[u8]) -> Option<u64> {
 }
 
 /// Where the chunk at the start of `block` ends, given FastCDC's cut `cdc`
-/// (at most the block's length): before the first zip entry header that
-/// starts before `cdc` and either begins a large entry (at least one byte
-/// in), a small one at least [`ENTRY_GROUP`] bytes in, or one of unknown
-/// size at least [`ENTRY_CUT_MIN`] bytes in; else `cdc`. A header inside
-/// the data of a large entry that starts the block does not count.
-/// `block` must hold [`LOOKAHEAD`] bytes past `cdc`, or the rest of the
-/// file.
+/// (at most the block's length), outside a large entry's data: before the
+/// first zip entry header after the block's first byte that starts before
+/// `cdc` and either begins a large entry (at least one byte in), a small
+/// one at least [`ENTRY_GROUP`] bytes in, or one of unknown size at least
+/// [`ENTRY_CUT_MIN`] bytes in; else `cdc`. `block` must hold
+/// [`LOOKAHEAD`] bytes past `cdc`, or the rest of the file.
 pub fn entry_cut(block: &[u8], cdc: usize) -> usize {
-    let from = match block.starts_with(ZIP_ENTRY).then(|| entry_at(block)) {
-        Some(Entry::Large { inside }) => inside,
-        _ => 1,
-    };
     let search_end = block.len().min(cdc + ZIP_ENTRY.len() - 1);
-    let Some(span) = block.get(from..search_end) else {
+    let Some(span) = block.get(1..search_end) else {
         return cdc;
     };
     for at in memchr::memmem::find_iter(span, ZIP_ENTRY) {
-        let header = from + at;
+        let header = 1 + at;
         let cuts = match entry_at(&block[header..]) {
             Entry::Large { .. } => true,
             Entry::Small => header >= ENTRY_GROUP,
@@ -206,11 +292,17 @@ mod tests {
     /// where each entry's header starts, then where the central directory
     /// does.
     fn zip(entries: &[Vec<u8>], style: Style) -> (Vec<u8>, Vec<usize>) {
+        zip_named(entries, style, "archive")
+    }
+
+    /// [`zip`] with the archive's top directory named `top` (`torch.save`
+    /// names it after the file).
+    fn zip_named(entries: &[Vec<u8>], style: Style, top: &str) -> (Vec<u8>, Vec<usize>) {
         let mut file = Vec::new();
         let mut starts = Vec::new();
         for (i, data) in entries.iter().enumerate() {
             starts.push(file.len());
-            let name = format!("archive/data/{i}");
+            let name = format!("{top}/data/{i}");
             let mut extra = Vec::new();
             if let Style::Zip64 = style {
                 extra.extend_from_slice(&ZIP64_EXTRA.to_le_bytes());
@@ -381,6 +473,38 @@ mod tests {
     }
 
     #[test]
+    fn a_new_file_name_costs_the_headers_and_small_groups_not_the_tensors() {
+        for style in [Style::Torch, Style::Sized, Style::Zip64] {
+            let entries = adam_like(&[], 1);
+            let (first, _) = zip_named(&entries, style, "ckpt-1");
+            let old = pieces(&first);
+            // The same state, saved as `epoch=0-step=200.ckpt`: the large
+            // tensors' data chunks are all there already.
+            let (second, starts) = zip_named(&entries, style, "epoch=0-step=200");
+            let small: usize = entries
+                .iter()
+                .filter(|d| d.len() < LARGE_ENTRY)
+                .map(|d| d.len() + 200)
+                .sum();
+            let headers = 6 * 200;
+            let central = second.len() - starts[entries.len()];
+            let renamed = sent(&old, &pieces(&second));
+            assert!(
+                renamed <= small + headers + central + 2 * ENTRY_GROUP,
+                "{renamed} bytes"
+            );
+            // And a renamed file whose two large tensors changed sends them
+            // and about as much again as the rename alone.
+            let (third, _) = zip_named(&adam_like(&[1, 7], 1), style, "epoch=0-step=300");
+            let both = sent(&old, &pieces(&third));
+            assert!(
+                both >= 4 << 20 && both <= (4 << 20) + renamed + 2 * ENTRY_GROUP,
+                "{both}"
+            );
+        }
+    }
+
+    #[test]
     fn a_signature_inside_tensor_data_does_not_cut_its_first_chunk() {
         let mut tensor = noise(1 << 20, 3);
         for at in (0..tensor.len() - 64).step_by(4099) {
@@ -388,9 +512,38 @@ mod tests {
         }
         let (file, starts) = zip(&[vec![1; 8], tensor, vec![2; 8]], Style::Torch);
         let cut = pieces(&file);
+        // The header alone, then the data's chunks, FastCDC's from its
+        // first byte: none at a signature (none shorter than CHUNK_MIN but
+        // the last, which ends with the data's descriptor).
         assert_eq!(cut[1].offset as usize, starts[1]);
-        // The first chunk of the tensor reaches past its first 32 KiB.
-        assert!(cut[2].offset as usize >= starts[1] + LARGE_ENTRY);
+        let data = cut[2].offset as usize;
+        assert!(
+            data - starts[1] < 200,
+            "a header of {} bytes",
+            data - starts[1]
+        );
+        let end = starts[2];
+        let inside: Vec<&Piece> = cut
+            .iter()
+            .filter(|p| (data..end).contains(&(p.offset as usize)))
+            .collect();
+        assert_eq!(
+            inside.last().map(|p| p.offset as usize + p.data.len()),
+            Some(end)
+        );
+        for piece in &inside[..inside.len() - 1] {
+            assert!(
+                piece.data.len() >= crate::files::CHUNK_MIN,
+                "{}",
+                piece.offset
+            );
+        }
+    }
+
+    fn clone_with(file: &[u8], change: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut copy = file.to_vec();
+        change(&mut copy);
+        copy
     }
 
     #[test]
@@ -410,6 +563,7 @@ mod tests {
         // a zip64 sentinel with no zip64 field, and a header cut off by
         // the end of the file.
         let mut file = noise(1 << 20, 12);
+        let clean = file.clone();
         let mut absurd = |at: usize, flags: u16, size: u32, name: u16, extra: u16| {
             file[at..at + 4].copy_from_slice(ZIP_ENTRY);
             file[at + 6..at + 8].copy_from_slice(&flags.to_le_bytes());
@@ -418,17 +572,45 @@ mod tests {
             file[at + 26..at + 28].copy_from_slice(&name.to_le_bytes());
             file[at + 28..at + 30].copy_from_slice(&extra.to_le_bytes());
         };
-        absurd(1000, 0, u32::MAX - 1, u16::MAX, u16::MAX);
-        absurd(300_000, 8, 0, u16::MAX, u16::MAX);
         absurd(600_000, 0, u32::MAX, 0, 0);
         absurd((1 << 20) - 200, 8, 0, 10, 0);
         file.extend_from_slice(&ZIP_ENTRY[..]);
         file.extend_from_slice(&[20, 0, 8]);
         let cut = pieces(&file);
         let cuts: Vec<usize> = cut.iter().map(|p| p.offset as usize).collect();
-        // Large claims cut; the malformed zip64 one falls back to the
-        // old rule (512 bytes in), which it meets.
-        assert!(cuts.contains(&1000) && cuts.contains(&600_000), "{cuts:?}");
+        // The malformed zip64 one falls back to the old rule (512 bytes
+        // in), which it meets; the rest are too short to be large.
+        assert!(cuts.contains(&600_000), "{cuts:?}");
+        // Sizes after the data, the longest name and extra field, and no
+        // descriptor ever: the header, then data to the end.
+        file = clone_with(&clean, |f| {
+            f[300_000..300_004].copy_from_slice(ZIP_ENTRY);
+            f[300_006..300_008].copy_from_slice(&8u16.to_le_bytes());
+            f[300_026..300_030].copy_from_slice(&[0xff; 4]);
+            f[600_000..600_004].copy_from_slice(ZIP_ENTRY);
+        });
+        let cuts: Vec<usize> = pieces(&file).iter().map(|p| p.offset as usize).collect();
+        let at = cuts
+            .iter()
+            .position(|&c| c == 300_000)
+            .expect("the header cuts");
+        assert_eq!(cuts[at + 1], 300_000 + HEADER_LEN + 2 * u16::MAX as usize);
+        assert!(!cuts.contains(&600_000), "{cuts:?}");
+        // A 4 GiB claim with the longest name and extra field: its header
+        // is a chunk, and everything after it is its data.
+        file = clone_with(&clean, |f| {
+            f[1000..1004].copy_from_slice(ZIP_ENTRY);
+            f[1018..1022].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+            f[1022..1026].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+            f[1026..1030].copy_from_slice(&[0xff; 4]);
+            f[600_000..600_004].copy_from_slice(ZIP_ENTRY);
+        });
+        let cuts: Vec<usize> = pieces(&file).iter().map(|p| p.offset as usize).collect();
+        assert_eq!(
+            cuts[..3],
+            [0, 1000, 1000 + HEADER_LEN + 2 * u16::MAX as usize]
+        );
+        assert!(!cuts.contains(&600_000), "{cuts:?}");
         for len in [0, 3, 4, 29, 30, 100] {
             let mut tail = noise(len, 5);
             if len >= 4 {
