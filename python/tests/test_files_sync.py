@@ -334,3 +334,39 @@ def test_delete_removes_what_the_other_side_lacks_but_never_what_is_excluded(
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in back.iterdir()) == ["a.txt", "mine.log"]
     assert "deleted stale.txt" in r.stdout
+
+
+def test_a_pull_that_fails_leaves_nothing_partial_and_the_server_refuses_file_and_folder(
+    tracking_server, tmp_path, cache
+):
+    new_run(tracking_server, "job")
+    out = tmp_path / "out"
+    (out / "dir").mkdir(parents=True)
+    random_file(out / "big.bin", 24 * MiB, 3)
+    random_file(out / "dir" / "file", 1 * MiB, 4)
+    assert sync(tracking_server, cache, out, "job").returncode == 0
+    # A file where the run has a folder: refused with 409, naming the other.
+    lone = tmp_path / "lone"
+    lone.write_bytes(b"x")
+    server = ("--server", tracking_server.url)
+    put = cli("files", "put", *server, "job", lone, "--name", "dir", env=cache)
+    assert put.returncode == 1
+    assert 'already has a file "dir/file", so "dir" cannot be one' in put.stderr, put.stderr
+    assert sorted(files_of(tracking_server, "job")) == ["big.bin", "dir/file"]
+
+    # Pulled into a directory where `dir` is a file: the pull fails, says
+    # why, and leaves no partial download (of big.bin either) behind.
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "dir").write_text("in the way")
+    r = sync(tracking_server, cache, "job", back)
+    assert r.returncode == 1 and "dir" in r.stderr, r.stderr
+    left = sorted(str(p.relative_to(back)) for p in back.rglob("*"))
+    assert not [p for p in left if p.endswith(".relaunch-part")], left
+    assert (back / "dir").read_text() == "in the way"
+    # With the obstacle gone, the same pull completes.
+    (back / "dir").unlink()
+    r = sync(tracking_server, cache, "job", back)
+    assert r.returncode == 0, r.stderr
+    assert (back / "big.bin").read_bytes() == (out / "big.bin").read_bytes()
+    assert not list(back.rglob("*.relaunch-part"))

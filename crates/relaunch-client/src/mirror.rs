@@ -32,7 +32,7 @@ use relaunch_api::files::check_file_name;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ClientError;
-use crate::files::{Progress, download, hash_file, upload};
+use crate::files::{Progress, download, hash_file, partial_path, upload};
 use crate::http::Client;
 
 /// Files sent (or fetched) at once: small files cost a few round trips
@@ -605,6 +605,15 @@ pub async fn pull(
 ) -> Result<Report, ClientError> {
     let (filter, dry_run) = (&options.filter, options.dry_run);
     let remote = remote_files(client, run, prefix).await?;
+    if let Some((file, below)) = file_and_folder(remote.keys()) {
+        // Committed before the server refused such pairs: no directory can
+        // hold both, so nothing is fetched rather than half of them.
+        return Err(ClientError::Config(format!(
+            "run {run} has both a file {file:?} and a file {below:?} below it, which no \
+             directory can hold; delete one of them on the server (DELETE \
+             /api/v1/runs/{run}/files/NAME) and sync again"
+        )));
+    }
     let mut deleted = Vec::new();
     if options.delete && dir.is_dir() {
         let mut extra: Vec<_> = walk(dir, filter)?
@@ -668,6 +677,54 @@ pub async fn pull(
         })
         .collect();
     if !dry_run {
+        let fetched = fetch_all(client, run, &todo, progress, &mut report, &mut cache).await;
+        if let Err(e) = fetched {
+            // Nothing partial stays behind: the downloads in flight were
+            // dropped with the stream, and each file's partial copy goes.
+            for (_, path, _) in &todo {
+                let _ = std::fs::remove_file(partial_path(path));
+            }
+            cache.save();
+            return Err(e);
+        }
+    }
+    cache.save();
+    Ok(report)
+}
+
+/// The first pair of names where one is a folder of the other (`dir`,
+/// `dir/file`), if any.
+fn file_and_folder<'a>(names: impl Iterator<Item = &'a String>) -> Option<(String, String)> {
+    let mut sorted: Vec<&String> = names.collect();
+    sorted.sort();
+    // Every name that starts with `dir` sorts right after `dir` (`dir-x`,
+    // `dir.y` before `dir/file`), so the search for `dir/...` stops at the
+    // first name that does not.
+    for (i, name) in sorted.iter().enumerate() {
+        let folder = format!("{name}/");
+        for later in &sorted[i + 1..] {
+            if later.starts_with(&folder) {
+                return Some(((*name).clone(), (*later).clone()));
+            }
+            if !later.starts_with(name.as_str()) {
+                break;
+            }
+        }
+    }
+    None
+}
+
+/// Downloads every file of `todo`, a few at a time, into the report and
+/// the cache; the first error ends it.
+async fn fetch_all(
+    client: &Client,
+    run: &str,
+    todo: &[(String, PathBuf, Listed)],
+    progress: &Progress<'_>,
+    report: &mut Report,
+    cache: &mut Cache,
+) -> Result<(), ClientError> {
+    {
         let done = Overall::new(todo.iter().map(|(_, _, i)| i.size).sum());
         let mut fetches = stream::iter(todo.iter().map(|(rel, path, info)| {
             let done = &done;
@@ -694,8 +751,7 @@ pub async fn pull(
             cache.remember(&file, &got.blake3);
         }
     }
-    cache.save();
-    Ok(report)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -705,6 +761,24 @@ mod tests {
     fn filter(rules: &[(bool, &str)]) -> Filter {
         let owned: Vec<(bool, String)> = rules.iter().map(|(i, p)| (*i, (*p).to_owned())).collect();
         Filter::new(&owned).unwrap()
+    }
+
+    #[test]
+    fn a_name_that_is_also_a_folder_is_found() {
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        for (list, found) in [
+            (
+                &["dir", "dir-x", "dir.y", "dir/file"][..],
+                Some(("dir", "dir/file")),
+            ),
+            (&["a/b/c", "a/b"][..], Some(("a/b", "a/b/c"))),
+            (&["dir", "dirx/y", "di/r", "dir-x/y"][..], None),
+            (&[][..], None),
+        ] {
+            let got = file_and_folder(names(list).iter());
+            let want = found.map(|(a, b)| (a.to_owned(), b.to_owned()));
+            assert_eq!(got, want, "{list:?}");
+        }
     }
 
     #[test]

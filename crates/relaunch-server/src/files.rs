@@ -199,9 +199,11 @@ pub(crate) async fn commit(
     let manifest: FileManifest = json_body(&bytes, "the file manifest")?;
     check_manifest(&manifest)?;
     let chunks = manifest.chunks.clone();
+    let declared = manifest.blake3.clone();
     // Every chunk stored, with the size the manifest says (so the file
-    // serves exactly `size` bytes), and durable before the manifest names
-    // it (one flush for all of them).
+    // serves exactly `size` bytes), the whole hashing to the declared
+    // BLAKE3, and durable before the manifest names it (one flush for all
+    // of them).
     let checked = on_blobs(&state.files, move |b| {
         let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
         let sizes = b.sizes(&hashes)?;
@@ -220,9 +222,28 @@ pub(crate) async fn commit(
                 Some(_) => {}
             }
         }
-        if missing.is_empty() {
-            b.persist(&hashes)?;
+        if !missing.is_empty() {
+            return Ok(Ok(missing));
         }
+        // A file of several chunks is read whole once, here, so a manifest
+        // whose whole-file BLAKE3 is not its bytes' is refused now rather
+        // than served as a cut body later. (One chunk or none: checked in
+        // `check_manifest` without reading.)
+        if hashes.len() > 1 {
+            let mut whole = blake3::Hasher::new();
+            for hash in &hashes {
+                whole.update_rayon(&b.get(hash)?);
+            }
+            let actual = whole.finalize().to_hex();
+            if actual.as_str() != declared {
+                return Ok(Err(AppError::BadRequest(format!(
+                    "the file's blake3 is declared as {declared}, but its {} chunks hash to \
+                     {actual} as a whole; commit the BLAKE3 of the whole file",
+                    hashes.len()
+                ))));
+            }
+        }
+        b.persist(&hashes)?;
         Ok(Ok(missing))
     })
     .await?;
@@ -266,8 +287,8 @@ fn check_manifest(manifest: &FileManifest) -> Result<(), AppError> {
         )));
     }
     // A file of one chunk (or none) is that chunk's bytes: its hash is the
-    // chunk's, known without reading anything. Longer files are checked
-    // whole as they are served (`chunk_stream`).
+    // chunk's, known without reading anything. Longer files are read whole
+    // once their chunks are all stored (`commit`).
     let whole = match manifest.chunks.as_slice() {
         [] => Some(blake3::hash(b"").to_hex().to_string()),
         [only] => Some(only.hash.clone()),
@@ -438,8 +459,8 @@ fn content_type(name: &str) -> &'static str {
 /// its manifest says, ends the stream with an error (logged), so the client
 /// sees a cut body, never wrong bytes. When the whole file is asked for, its
 /// BLAKE3 is computed on the way and the last chunk is sent only if it is
-/// `blake3`: a commit checks each chunk's hash and size but does not read a
-/// multi-chunk file whole again, so this is where its hash is checked.
+/// `blake3`: a commit checked that, but a chunk store changed since (a disk
+/// that rotted, a bucket written by hand) must still not pass as the file.
 fn chunk_stream(
     files: FileStore,
     chunks: Vec<ChunkRef>,

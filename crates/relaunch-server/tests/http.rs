@@ -871,27 +871,25 @@ async fn a_manifest_must_match_its_chunks_bytes() {
         let (status, _) = server.json("POST", "/api/v1/runs/r/files", empty).await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
 
-        // Several chunks with a wrong whole hash: the full download is cut
-        // before its last bytes; a range is served (the reader checks the whole).
-        let (status, _) = server
+        // Several chunks with a wrong whole hash: refused at commit (the
+        // server reads them whole once), so nothing is served as the file.
+        let (status, body) = server
             .json(
                 "POST",
                 "/api/v1/runs/r/files",
                 manifest("lie", &hex(b"lie"), [1000, 500]),
             )
             .await;
-        assert_eq!(status, StatusCode::CREATED);
-        let response = server.response("/api/v1/runs/r/files/lie").await;
-        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(
-            axum::body::to_bytes(response.into_body(), usize::MAX)
-                .await
-                .is_err()
+            error(&body).error.contains("its 2 chunks hash to")
+                && error(&body).error.contains(&hex(&whole)),
+            "{}",
+            error(&body).error
         );
-        let (status, body, _) = server.range("/api/v1/runs/r/files/lie", "bytes=0-9").await;
         assert_eq!(
-            (status, body),
-            (StatusCode::PARTIAL_CONTENT, whole[..10].to_vec())
+            server.get("/api/v1/runs/r/files/lie").await.0,
+            StatusCode::NOT_FOUND
         );
 
         // The true manifest commits and reads back whole.

@@ -1167,6 +1167,57 @@ fn a_committed_file_replaces_the_one_of_the_same_name_whole() {
     });
 }
 
+#[test]
+fn a_file_cannot_also_be_a_folder_of_files() {
+    use relaunch_api::{ChunkRef, FileManifest};
+    each_backend(|s, _| {
+        let file = |name: &str| FileManifest {
+            name: name.into(),
+            size: 10,
+            blake3: "a".repeat(64),
+            chunks: vec![ChunkRef {
+                hash: "a".repeat(64),
+                size: 10,
+            }],
+        };
+        s.open_run(&init("p", Some("r"), "t"), 1.0).unwrap();
+        for name in ["dir", "a/b/c", "dir-x", "dir.y/z", "dirz/w"] {
+            s.commit_file("r", &file(name), 2.0).unwrap();
+        }
+        // Below a file, or above one: refused, naming the other.
+        for (name, other) in [
+            ("dir/file", "dir"),
+            ("dir/deeper/file", "dir"),
+            ("a/b", "a/b/c"),
+            ("a", "a/b/c"),
+            ("a/b/c/d", "a/b/c"),
+        ] {
+            match s.commit_file("r", &file(name), 3.0) {
+                Err(StorageError::Conflict(m)) => {
+                    assert!(m.contains(&format!("already has a file {other:?}")), "{m}");
+                    assert!(m.contains("both a file and the folder"), "{m}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // Names that only start alike are no folder of each other, and a
+        // file replaced under its own name is no conflict.
+        for name in ["dirx", "di", "a/bc", "a/b/cc", "dir"] {
+            s.commit_file("r", &file(name), 4.0).unwrap();
+        }
+        let names: Vec<_> = s.files("r").unwrap().into_iter().map(|f| f.name).collect();
+        assert_eq!(
+            names,
+            [
+                "a/b/c", "a/b/cc", "a/bc", "di", "dir", "dir-x", "dir.y/z", "dirx", "dirz/w"
+            ]
+        );
+        // Deleted, the file no longer stands in the folder's way.
+        s.delete_file("r", "dir", 5.0).unwrap();
+        s.commit_file("r", &file("dir/file"), 6.0).unwrap();
+    });
+}
+
 /// CI must run the PostgreSQL half of the suite, not skip it quietly.
 #[test]
 fn postgres_runs_under_ci() {

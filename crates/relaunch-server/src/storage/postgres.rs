@@ -713,6 +713,15 @@ impl Storage for PgStorage {
         let chunks = runs::chunks_json(&file.chunks)?;
         self.write(|tx| {
             lock_run(tx, run)?;
+            let folders: Vec<&str> = runs::folders_of(&file.name);
+            let below = format!("{}/", file.name);
+            if let Some(row) = tx.query_opt(
+                "SELECT name FROM files WHERE run_id = $1 \
+                 AND (name = ANY($2) OR substr(name, 1, length($3)) = $3) LIMIT 1",
+                &[&run, &folders, &below],
+            )? {
+                return Err(runs::file_or_folder(run, &file.name, row.get(0)).into());
+            }
             tx.execute(
                 "INSERT INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7) \

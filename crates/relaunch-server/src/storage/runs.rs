@@ -108,6 +108,28 @@ pub fn no_file(run: &str, name: &str) -> StorageError {
     StorageError::NotFound(format!("run {run:?} has no file {name:?}"))
 }
 
+/// The folders above a file name (`a`, `a/b` for `a/b/c`): none of them
+/// may be a file of the run too.
+pub fn folders_of(name: &str) -> Vec<&str> {
+    name.match_indices('/').map(|(at, _)| &name[..at]).collect()
+}
+
+/// A file name that would make `other` (a file of the run) a folder, or a
+/// folder of `other`: `dir` and `dir/file` cannot both be files, or no
+/// file system could hold the run's files as they are named.
+pub fn file_or_folder(run: &str, name: &str, other: &str) -> StorageError {
+    let (file, below) = if name.len() < other.len() {
+        (name, other)
+    } else {
+        (other, name)
+    };
+    StorageError::Conflict(format!(
+        "run {run:?} already has a file {other:?}, so {name:?} cannot be one: {file:?} would \
+         be both a file and the folder of {below:?}. Delete {other:?} first, or choose another \
+         name"
+    ))
+}
+
 /// Listings and pages return at most this many rows.
 pub const MAX_PAGE: u32 = 100_000;
 

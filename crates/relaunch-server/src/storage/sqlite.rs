@@ -596,6 +596,31 @@ impl Storage for SqliteStorage {
         let (run, file, now) = (run.to_owned(), file.clone(), now_or(now));
         self.write(move |conn| {
             get_run(conn, &run)?;
+            let mut clash = conn
+                .prepare_cached("SELECT name FROM files WHERE run_id = ?1 AND name = ?2")
+                .map_err(backend)?;
+            for folder in runs::folders_of(&file.name) {
+                if let Some(other) = clash
+                    .query_row(params![run, folder], |r| r.get::<_, String>(0))
+                    .optional()
+                    .map_err(backend)?
+                {
+                    return Err(runs::file_or_folder(&run, &file.name, &other));
+                }
+            }
+            let below = format!("{}/", file.name);
+            if let Some(other) = conn
+                .query_row(
+                    "SELECT name FROM files WHERE run_id = ?1 \
+                     AND substr(name, 1, length(?2)) = ?2 LIMIT 1",
+                    params![run, below],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(backend)?
+            {
+                return Err(runs::file_or_folder(&run, &file.name, &other));
+            }
             let chunks = runs::chunks_json(&file.chunks)?;
             conn.execute(
                 "INSERT OR REPLACE INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at)
