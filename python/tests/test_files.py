@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -193,6 +194,19 @@ def test_transfers_go_through_an_http_proxy(tracking_server, proxy, tmp_path):
     out = cli("files", "ls", "r", "--server", server.url, env=dead)
     assert out.returncode == 1
     assert "through the proxy http://127.0.0.1:9" in out.stderr and "NO_PROXY" in out.stderr
+
+    # NO_PROXY as IP ranges: reqwest goes around the proxy, and so does the
+    # message about a server that is down (it used to blame the proxy).
+    ranges = "10.0.0.0/8,127.0.0.0/8"
+    around = {**dead, "no_proxy": ranges, "NO_PROXY": ranges}
+    out = cli("files", "ls", "r", "--server", server.url, env=around)
+    assert out.returncode == 0, out.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    out = cli("files", "ls", "r", "--server", down, env=around)
+    assert out.returncode == 1 and "cannot reach" in out.stderr, out.stderr
+    assert "proxy" not in out.stderr, out.stderr
 
 
 @pytest.mark.local_storage

@@ -34,6 +34,9 @@ pub enum ClientError {
         status: u16,
         what: String,
         message: String,
+        /// How long the server asked to wait before trying again
+        /// (`Retry-After` in seconds, on a 429 or 503), if it said.
+        retry_after: Option<std::time::Duration>,
     },
     #[error("{0}")]
     Timeout(String),
@@ -51,6 +54,14 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The wait the server asked for with `Retry-After`, if it did.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Config(_) => ErrorKind::Config,

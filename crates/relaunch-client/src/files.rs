@@ -247,7 +247,7 @@ async fn send_chunk(client: &Client, chunk: &ChunkRef, data: Bytes) -> Result<()
                 // BadRequest: the server saw other bytes than we sent (a
                 // damaged transfer); sending again is the fix.
                 tracing::debug!(chunk = %chunk.hash, error = %e, attempt, "retrying a chunk");
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(crate::http::retry_pause(pause, Some(&e))).await;
                 pause = (pause * 2).min(Duration::from_secs(8));
             }
             Err(e) => return Err(e),

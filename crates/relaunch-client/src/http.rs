@@ -298,6 +298,7 @@ impl Client {
                     "the answer is not what a relaunch server sends; is {} a relaunch server (of this version or newer)?",
                     self.url()
                 ),
+                retry_after: None,
             });
         }
         Ok(body)
@@ -431,11 +432,13 @@ impl Client {
         if status.is_success() {
             return Ok(response);
         }
+        let retry_after = retry_after(&response);
         let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
         Err(ClientError::Status {
             status: status.as_u16(),
             what: what.to_owned(),
             message: error_message(status, &body),
+            retry_after,
         })
     }
 
@@ -471,6 +474,7 @@ impl Client {
     ) -> Result<T, ClientError> {
         let response = self.execute(request).await?;
         let status = response.status();
+        let retry_after = retry_after(&response);
         let body = response.bytes().await.map_err(|e| self.unreachable(&e))?;
         if status.is_success() {
             return serde_json::from_slice(&body).map_err(|e| ClientError::Status {
@@ -480,12 +484,14 @@ impl Client {
                     "the answer is not what a relaunch server sends ({e}); is {} a relaunch server?",
                     self.url()
                 ),
+                retry_after: None,
             });
         }
         Err(ClientError::Status {
             status: status.as_u16(),
             what: what.to_owned(),
             message: error_message(status, &body),
+            retry_after,
         })
     }
 
@@ -598,39 +604,74 @@ impl Client {
     }
 }
 
-/// The proxy variable that applies to `url` and its value, if any is set
-/// (as reqwest reads them), for messages.
+/// The proxy variable that applies to `url` and the proxy it names, when
+/// requests to `url` go through one, for messages. Decided by the matcher
+/// reqwest itself uses (hyper-util's, from the same variables: `NO_PROXY`
+/// with domains, IP addresses and CIDR ranges, `*`), so a message never
+/// blames a proxy that was bypassed.
 fn proxy_for(url: &str) -> Option<(&'static str, String)> {
-    let https = url.starts_with("https:");
-    let names: &[&'static str] = if https {
+    let uri: http::Uri = url.parse().ok()?;
+    let intercept = hyper_util::client::proxy::matcher::Matcher::from_env().intercept(&uri)?;
+    let names: &[&'static str] = if url.starts_with("https:") {
         &["https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"]
     } else {
         &["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
     };
-    let host = url
-        .split("://")
-        .nth(1)
-        .and_then(|rest| rest.split(['/', ':']).next())
-        .unwrap_or_default();
-    let bypassed = ["no_proxy", "NO_PROXY"].iter().any(|name| {
-        std::env::var(name).is_ok_and(|list| {
-            list.split(',').map(str::trim).any(|entry| {
-                entry == "*"
-                    || (!entry.is_empty()
-                        && (host == entry.trim_start_matches('.')
-                            || host.ends_with(&format!(".{}", entry.trim_start_matches('.')))))
-            })
-        })
-    });
-    if bypassed {
+    let var = names
+        .iter()
+        .find(|name| std::env::var(name).is_ok_and(|v| !v.trim().is_empty()))
+        .copied()
+        .unwrap_or("the environment");
+    Some((var, intercept.uri().to_string()))
+}
+
+/// Longest `Retry-After` honoured: a server (or a proxy) asking for more
+/// is waited on this long, then tried again.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
+
+/// A 429 or 503's `Retry-After` in seconds (the form relaunch's server
+/// sends; an HTTP date is not read), at most [`RETRY_AFTER_MAX`].
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    let status = response.status().as_u16();
+    if status != 429 && status != 503 {
         return None;
     }
-    names.iter().find_map(|name| {
-        std::env::var(name)
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-            .map(|v| (*name, v))
-    })
+    let seconds: u64 = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(RETRY_AFTER_MAX))
+}
+
+/// The pause before the next try of a request that failed with `error`,
+/// `backoff` being the loop's own: the backoff with ±25 % of jitter (so
+/// that many clients that lost the server together do not return
+/// together), and never less than the server's `Retry-After`.
+pub fn retry_pause(backoff: Duration, error: Option<&ClientError>) -> Duration {
+    let jittered = jitter(backoff);
+    match error.and_then(ClientError::retry_after) {
+        Some(asked) => jittered.max(asked),
+        None => jittered,
+    }
+}
+
+/// `d` times a factor in [0.75, 1.25), drawn anew each call.
+pub fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // A fresh RandomState is seeded per process and per call: enough to
+    // spread clients apart, with no RNG dependency.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_nanos() as u64),
+    );
+    let factor = 0.75 + (h.finish() % 10_000) as f64 / 20_000.0;
+    d.mul_f64(factor)
 }
 
 /// The server's own message, or what the body shows (a proxy's page).
@@ -712,6 +753,58 @@ pub fn check_run_id(id: &str) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn response(status: u16, retry: Option<&str>) -> reqwest::Response {
+        let mut builder = http::Response::builder().status(status);
+        if let Some(value) = retry {
+            builder = builder.header("retry-after", value);
+        }
+        reqwest::Response::from(builder.body(Vec::<u8>::new()).unwrap())
+    }
+
+    #[test]
+    fn retry_after_is_read_from_429_and_503_in_seconds_and_capped() {
+        let s = Duration::from_secs;
+        assert_eq!(retry_after(&response(503, Some("3"))), Some(s(3)));
+        assert_eq!(retry_after(&response(429, Some(" 7 "))), Some(s(7)));
+        assert_eq!(
+            retry_after(&response(503, Some("86400"))),
+            Some(RETRY_AFTER_MAX)
+        );
+        assert_eq!(retry_after(&response(500, Some("3"))), None);
+        assert_eq!(retry_after(&response(503, None)), None);
+        assert_eq!(
+            retry_after(&response(503, Some("Wed, 21 Oct 2026 07:28:00 GMT"))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_retry_waits_the_jittered_backoff_and_at_least_what_the_server_asked() {
+        let backoff = Duration::from_millis(400);
+        let pauses: Vec<Duration> = (0..200).map(|_| retry_pause(backoff, None)).collect();
+        assert!(
+            pauses.iter().all(|p| (300..500).contains(&p.as_millis())),
+            "{pauses:?}"
+        );
+        // Spread out, not one value.
+        let distinct: std::collections::HashSet<_> = pauses.iter().collect();
+        assert!(distinct.len() > 50, "{}", distinct.len());
+        let busy = ClientError::Status {
+            status: 503,
+            what: "x".into(),
+            message: "busy".into(),
+            retry_after: Some(Duration::from_secs(2)),
+        };
+        assert!(retry_pause(backoff, Some(&busy)) >= Duration::from_secs(2));
+        let soon = ClientError::Status {
+            status: 503,
+            what: "x".into(),
+            message: "busy".into(),
+            retry_after: Some(Duration::from_millis(10)),
+        };
+        assert!(retry_pause(backoff, Some(&soon)) >= Duration::from_millis(300));
+    }
 
     #[test]
     fn servers_are_normalized_or_refused_with_the_fix() {

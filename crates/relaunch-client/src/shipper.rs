@@ -214,16 +214,19 @@ impl Shipper {
                         status: 401,
                         what: "the records".into(),
                         message,
+                        retry_after: None,
                     },
                     ErrorKind::TooLarge => ClientError::Status {
                         status: 413,
                         what: "the records".into(),
                         message,
+                        retry_after: None,
                     },
                     ErrorKind::BadRequest => ClientError::Status {
                         status: 400,
                         what: "the records".into(),
                         message,
+                        retry_after: None,
                     },
                     _ => ClientError::Corrupt(message),
                 }
@@ -282,8 +285,9 @@ enum Round {
     Sent,
     /// Nothing to send.
     Idle,
-    /// Failed in a way that waiting may cure.
-    Failed,
+    /// Failed in a way that waiting may cure; the server may have said
+    /// how long to wait (`Retry-After`).
+    Failed(Option<Duration>),
 }
 
 async fn ship_loop(shared: &Shared, client: &Client, interval: Duration) {
@@ -307,8 +311,8 @@ async fn ship_loop(shared: &Shared, client: &Client, interval: Duration) {
                 backoff = BACKOFF_MIN;
                 interval
             }
-            Round::Failed => {
-                let pause = jitter(backoff);
+            Round::Failed(asked) => {
+                let pause = crate::http::jitter(backoff).max(asked.unwrap_or_default());
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 pause
             }
@@ -319,15 +323,6 @@ async fn ship_loop(shared: &Shared, client: &Client, interval: Duration) {
             () = shared.stopped.notified() => break,
         }
     }
-}
-
-/// ±25 % so that many writers that lost the server together do not return together.
-fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |t| t.subsec_nanos());
-    let factor = 0.75 + f64::from(nanos % 1000) / 2000.0;
-    d.mul_f64(factor)
 }
 
 async fn ship_round(shared: &Shared, client: &Client) -> Round {
@@ -344,8 +339,10 @@ async fn ship_round(shared: &Shared, client: &Client) -> Round {
                     tracing::warn!(error = %message, "shipping records failed; they stay spooled and are retried");
                 }
                 progress.last_error = Some(message);
-                if matches!(round, Round::Idle) {
-                    round = Round::Failed;
+                match round {
+                    Round::Idle => round = Round::Failed(e.retry_after()),
+                    Round::Failed(asked) => round = Round::Failed(asked.max(e.retry_after())),
+                    Round::Sent => {}
                 }
             }
         }
@@ -486,6 +483,7 @@ async fn send_next(
                 message: format!(
                     "one record of {size} bytes is larger than the server accepts; raise the server's --max-request-bytes"
                 ),
+                retry_after: None,
             });
         }
         Err(e) => return Err(e),

@@ -343,12 +343,11 @@ fn work(client: &Client, shared: &Shared) {
                 pause = std::time::Duration::from_millis(500);
             }
             Some(Err(e)) if retryable(&e) => {
+                let wait = crate::http::retry_pause(pause, Some(&e));
                 state.error = Some(e.to_string());
                 state.queue.push_front(dir);
                 shared.changed.notify_all();
-                shared
-                    .changed
-                    .wait_while_for(&mut state, |s| !s.stop, pause);
+                shared.changed.wait_while_for(&mut state, |s| !s.stop, wait);
                 pause = (pause * 2).min(std::time::Duration::from_secs(30));
                 continue;
             }

@@ -470,7 +470,7 @@ impl StoreClient {
                     source: error,
                 });
             }
-            tokio::time::sleep(delay).await;
+            tokio::time::sleep(jitter(delay)).await;
             delay = (delay * 2).min(CONNECT_RETRY_MAX);
         }
     }
@@ -637,4 +637,17 @@ fn timed_out() -> StoreError {
         what: String::new(),
         timeout: Duration::ZERO,
     }
+}
+
+/// `d` times a factor in [0.75, 1.25), drawn anew each call: workers that
+/// lost the store together do not all knock again at the same instant.
+fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_nanos()),
+    );
+    d.mul_f64(0.75 + (h.finish() % 10_000) as f64 / 20_000.0)
 }
