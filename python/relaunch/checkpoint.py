@@ -925,6 +925,14 @@ class Checkpointer:
         except BaseException as e:
             self._async_error = e
 
+    def _hand_off(self, pending: Any) -> None:
+        """The open save is finished elsewhere (``relaunch.dcp``): the next
+        save, :meth:`wait` and :meth:`close` wait for ``pending`` (something
+        with ``join()`` and ``is_alive()``) as for a :meth:`save_async`."""
+        with self._lock:
+            self._async, self._async_step = pending, self._active.step if self._active else None
+            self._active = None
+
     @property
     def pending(self) -> bool:
         """Whether a :meth:`save_async` is still writing or committing."""
