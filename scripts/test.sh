@@ -33,11 +33,13 @@ install_relaunch
 # the background, while the Rust checks and tests use the CPUs; their
 # output follows the main pytest's. The framework integration tests
 # (Lightning, transformers, accelerate: small 2-rank jobs that mostly
-# import and wait on their step times and signals) run after them there.
+# import and wait on their step times and signals) and the DCP jobs run
+# after them there.
 BACKGROUND_TESTS=(
     python/tests/test_slurm.py python/tests/test_slurm_nodes.py
     python/tests/test_integration_lightning.py python/tests/test_integration_transformers.py
     python/tests/test_integration_accelerate.py python/tests/test_framework_examples.py
+    python/tests/test_dcp.py
 )
 SLURM_PYTEST_PID=""
 if [ $# -eq 0 ]; then
