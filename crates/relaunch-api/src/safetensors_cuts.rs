@@ -76,10 +76,8 @@ pub fn plan(block: &[u8]) -> Option<VecDeque<u64>> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
-    use crate::files::{Chunks, Piece};
+    use crate::zip_cuts::tests::{pieces, sent};
 
     fn noise(len: usize, seed: u64) -> Vec<u8> {
         crate::files::tests::noise(len, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
@@ -109,30 +107,6 @@ mod tests {
             file.extend_from_slice(bytes);
         }
         (file, data)
-    }
-
-    fn pieces(data: &[u8]) -> Vec<Piece> {
-        let cut: Vec<Piece> = Chunks::new(data).collect::<Result<_, _>>().unwrap();
-        let trickle = std::io::BufReader::with_capacity(777, data);
-        let again: Vec<Piece> = Chunks::new(trickle).collect::<Result<_, _>>().unwrap();
-        assert_eq!(
-            cut.iter().map(|p| p.offset).collect::<Vec<_>>(),
-            again.iter().map(|p| p.offset).collect::<Vec<_>>()
-        );
-        assert_eq!(cut.iter().map(|p| p.data.len()).sum::<usize>(), data.len());
-        assert!(
-            cut.iter()
-                .all(|p| !p.data.is_empty() && p.data.len() <= CHUNK_MAX)
-        );
-        cut
-    }
-
-    fn sent(old: &[Piece], new: &[Piece]) -> usize {
-        let have: HashSet<_> = old.iter().map(|p| &p.data).collect();
-        new.iter()
-            .filter(|p| !have.contains(&p.data))
-            .map(|p| p.data.len())
-            .sum()
     }
 
     fn model(changed: &[usize]) -> Vec<(String, Vec<u8>)> {

@@ -266,7 +266,7 @@ pub fn entry_cut(block: &[u8], cdc: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashSet;
 
     use super::*;
@@ -349,7 +349,7 @@ mod tests {
         (file, starts)
     }
 
-    fn pieces(data: &[u8]) -> Vec<Piece> {
+    pub(crate) fn pieces(data: &[u8]) -> Vec<Piece> {
         let cut: Vec<Piece> = Chunks::new(data).collect::<Result<_, _>>().unwrap();
         // The same bytes cut the same way, however the reader hands them
         // out, and the chunks cover them.
@@ -373,7 +373,7 @@ mod tests {
         cut
     }
 
-    fn sent(old: &[Piece], new: &[Piece]) -> usize {
+    pub(crate) fn sent(old: &[Piece], new: &[Piece]) -> usize {
         let have: HashSet<_> = old.iter().map(|p| &p.data).collect();
         new.iter()
             .filter(|p| !have.contains(&p.data))

@@ -160,15 +160,20 @@ class _Signals:
                     self._buffer.append(value)
 
 
-def _shell_limit() -> int:
-    text = os.environ.get(SHELL_ENV, "").strip()
+def _mib_env(name: str, default: float) -> int:
+    """Bytes from the environment variable ``name``, given in MiB (``default`` when unset)."""
+    text = os.environ.get(name, "").strip()
     try:
-        mib = float(text) if text else DEFAULT_SHELL_MB
+        mib = float(text) if text else default
     except ValueError:
         mib = -1
     if not mib > 0:
-        raise TrackingConfigError(f"{SHELL_ENV}={text!r} is not a number of MiB > 0")
+        raise TrackingConfigError(f"{name}={text!r} is not a number of MiB > 0")
     return int(mib * (1 << 20))
+
+
+def _shell_limit() -> int:
+    return _mib_env(SHELL_ENV, DEFAULT_SHELL_MB)
 
 
 class _Memoized:

@@ -44,7 +44,7 @@ from relaunch.errors import (
 )
 
 from . import _state
-from ._helpers import _HelpersMixin
+from ._helpers import _HelpersMixin, _mib_env
 from ._media import _MediaMixin
 from ._names import _key, _parts, _remote_scheme
 from ._outbox import _OutboxMixin
@@ -72,14 +72,7 @@ def _consent() -> bool:
 
 
 def _outbox_limit() -> int:
-    text = os.environ.get(OUTBOX_ENV, "").strip()
-    try:
-        mib = float(text) if text else DEFAULT_OUTBOX_MB
-    except ValueError:
-        mib = -1
-    if not mib > 0:
-        raise TrackingConfigError(f"{OUTBOX_ENV}={text!r} is not a number of MiB > 0")
-    return int(mib * (1 << 20))
+    return _mib_env(OUTBOX_ENV, DEFAULT_OUTBOX_MB)
 
 
 def _pending_bytes(run_dir: str) -> int:
