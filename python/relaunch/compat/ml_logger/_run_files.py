@@ -37,7 +37,6 @@ import zipfile
 
 from relaunch import files as _files
 from relaunch.errors import (
-    TrackingConfigError,
     TrackingConnectionError,
     TrackingError,
     TrackingTimeoutError,
