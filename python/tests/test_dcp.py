@@ -45,9 +45,10 @@ def test_two_ranks_save_one_and_three_load_bitwise_and_a_kill_commits_nothing(tm
     # DCP's own files, every rank's, under the manifest's hashes.
     assert ".metadata" in latest.files and len(latest.files) >= 3, latest.files
     for ranks in (1, 3):
-        assert loaded(tmp_path, directory, ranks) == [
-            {"step": 2, "latest": 2, "bitwise": True}
-        ] * ranks
+        assert (
+            loaded(tmp_path, directory, ranks)
+            == [{"step": 2, "latest": 2, "bitwise": True}] * ranks
+        )
 
     # Rank 1 killed after writing its files of step 3: nothing committed, the
     # job fails, and step 2 still verifies and loads.
