@@ -659,16 +659,13 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
     def remove(self, *paths: str) -> list[str]:
         """Deletes the run's files that ``paths`` name: a file, a folder (all
         below it), a glob, or ``''`` (everything under the current prefix).
-        ``parameters.pkl`` clears the params; a run's metrics cannot be
-        deleted (said once on stderr). Returns the names removed (under the
-        current prefix); names that match nothing are skipped, as in ml-logger."""
+        ``parameters.pkl`` clears the params; ``metrics.pkl`` hides the rows
+        logged so far from ml-logger's reads (``METRICS_REMOVED``; the server
+        keeps them). Returns the names removed (under the current prefix);
+        names that match nothing are skipped, as in ml-logger."""
         own, run_id, found, special = self._matching(paths)
+        self._delete(own, run_id, found)
         api = self._api()
-        for name in found:
-            api.delete_file(run_id, name)
-        if own:
-            self._forget_text(found)
-            self._on_server_files.difference_update(found)
         info = api.run(run_id) if "parameters.pkl" in special else None
         if info is not None:
             # The params under the current prefix: all of them at the run's own.
@@ -747,13 +744,17 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
             target = "/".join([*dst, *below[len(src) :]])
             self._duplicate_file("/".join(below), target, True)
             moved.append(target)
+        self._delete(own, run_id, found)
+        return moved
+
+    def _delete(self, own: bool, run_id: str, names: list[str]) -> None:
+        """Deletes the run's files ``names``; for the own run, forgets them too."""
         api = self._api()
-        for name in found:
+        for name in names:
             api.delete_file(run_id, name)
         if own:
-            self._forget_text(found)
-            self._on_server_files.difference_update(found)
-        return moved
+            self._forget_text(names)
+            self._on_server_files.difference_update(names)
 
     # --- timers and counters ---------------------------------------------------------------
 

@@ -156,13 +156,7 @@ class _MediaMixin:
         ``close`` closes the figure. Returns the file's name."""
         if not isinstance(path, str):
             raise TypeError(f"path must be a str, not {type(path).__name__}")
-        if format:
-            path += "." + format
-        else:
-            format = os.path.splitext(path)[1][1:]
-            if not format:
-                format = "png"
-                path += ".png"
+        path, format = _with_format(path, format, "png")
         if fig is None:
             from matplotlib import pyplot as plt
 
@@ -210,13 +204,7 @@ class _MediaMixin:
 
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, not {type(key).__name__}")
-        if format:
-            key += "." + format
-        else:
-            format = os.path.splitext(key)[1][1:]
-            if not format:
-                format = "mp4"
-                key += ".mp4"
+        key, format = _with_format(key, format, "mp4")
         fmt = format.lower()
         if fmt not in _VIDEO_FORMATS:
             raise ValueError(
@@ -283,6 +271,16 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _with_format(key: str, format: str | None, default: str) -> tuple[str, str]:
+    """(the key, the format) as ml-logger named files: ``format`` appended as
+    an extension; without it, the key's own extension; without either,
+    ``default`` appended."""
+    if format:
+        return f"{key}.{format}", format
+    format = os.path.splitext(key)[1][1:]
+    return (key, format) if format else (f"{key}.{default}", default)
 
 
 def _decode(data: bytes, name: str) -> Any:
