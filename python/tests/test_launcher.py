@@ -662,6 +662,15 @@ def elastic(launcher, port: int, run_id: str, *train_args, extra=(), conf="last_
     )  # fmt: skip
 
 
+def in_first_round(log_dir: Path) -> None:
+    """Waits until the node logging to ``log_dir`` started its workers in
+    attempt 0, so the test's fault hits a world both nodes are in. The host
+    waits ``last_call_timeout`` for the second node; on a loaded machine a
+    node that starts later is admitted at a restart instead (before: that
+    restart used up ``--max-restarts 1`` and the fault's restart failed)."""
+    wait_for(lambda: any(log_dir.glob("*/attempt_0/0")), 120, "the second node to join attempt 0")
+
+
 def test_elastic_nodes_join_and_train_together(launcher, tmp_path):
     port = free_port()
     args = ("--ckpt-dir", tmp_path / "ckpt", "--steps", "30", "--out", tmp_path / "out")
@@ -699,9 +708,18 @@ def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
     extra = ("--max-restarts", "1")
-    host = elastic(launcher, port, "elastic-lost", *args, extra=extra)
+    conf = "last_call_timeout=5"
+    host = elastic(launcher, port, "elastic-lost", *args, extra=extra, conf=conf)
     wait_for(lambda: listening(port), 60, "the first node to host the store")
-    other = elastic(launcher, port, "elastic-lost", *args, extra=extra)
+    other = elastic(
+        launcher,
+        port,
+        "elastic-lost",
+        *args,
+        extra=(*extra, "--log-dir", tmp_path / "logs"),
+        conf=conf,
+    )
+    in_first_round(tmp_path / "logs")
     wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
     other.kill()  # the node dies: its launcher by SIGKILL, its workers with it
     code, out, err = finish(host)
@@ -716,11 +734,19 @@ def test_a_hung_node_is_left_out_after_its_heartbeats_stop(launcher, tmp_path):
     port = free_port()
     ckpt = tmp_path / "ckpt"
     args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
-    conf = "last_call_timeout=1,keep_alive_timeout=3"
+    conf = "last_call_timeout=5,keep_alive_timeout=3"
     extra = ("--max-restarts", "1")
     host = elastic(launcher, port, "elastic-hung", *args, extra=extra, conf=conf)
     wait_for(lambda: listening(port), 60, "the first node to host the store")
-    other = elastic(launcher, port, "elastic-hung", *args, extra=extra, conf=conf)
+    other = elastic(
+        launcher,
+        port,
+        "elastic-hung",
+        *args,
+        extra=(*extra, "--log-dir", tmp_path / "logs"),
+        conf=conf,
+    )
+    in_first_round(tmp_path / "logs")
     wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
     frozen = [other.pid, *children(other.pid)]
     for pid in frozen:  # the node hangs: nothing of it runs, nothing closes
