@@ -65,6 +65,44 @@ pub struct ChunkQuery {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MissingChunks {
     pub missing: Vec<String>,
+    /// Whether this server hands out URLs to send the missing chunks
+    /// straight to its bucket (`POST /chunks/uploads`); otherwise they go
+    /// through `PUT /chunks/{hash}`. Absent from older servers: false.
+    #[serde(default)]
+    pub direct: bool,
+}
+
+/// One chunk a client will send straight to the bucket: its BLAKE3 name,
+/// its size and its SHA-256 (base64, as S3's `x-amz-checksum-sha256`),
+/// which the bucket checks the body against.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectChunk {
+    pub hash: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// `POST /api/v1/chunks/uploads`: URLs for these chunks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadQuery {
+    pub chunks: Vec<DirectChunk>,
+}
+
+/// Where one chunk goes: a presigned `PUT` URL and the headers it must be
+/// sent with (they are part of its signature).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkUpload {
+    pub hash: String,
+    pub url: String,
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// The answer to an [`UploadQuery`], in its order; the URLs stop working
+/// after `expires_in` seconds (ask again).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkUploads {
+    pub uploads: Vec<ChunkUpload>,
+    pub expires_in: u64,
 }
 
 /// A zip archive's local file header signature. `torch.save` writes a zip

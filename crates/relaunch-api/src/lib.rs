@@ -17,7 +17,10 @@ pub mod types;
 pub mod zip_cuts;
 
 pub use batch::{Batch, BatchError, Record};
-pub use files::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
+pub use files::{
+    ChunkQuery, ChunkRef, ChunkUpload, ChunkUploads, DirectChunk, FileInfo, FileManifest,
+    MissingChunks, UploadQuery,
+};
 pub use types::*;
 
 /// Every path starts with this.

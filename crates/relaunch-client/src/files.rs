@@ -4,7 +4,7 @@
 //! destination, resumes it with a `Range` request, checks its BLAKE3 and
 //! renames it into place. See `relaunch_api::files` for the protocol.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -12,12 +12,12 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use relaunch_api::files::{Chunks, check_file_name};
-use relaunch_api::{ChunkRef, FileInfo, FileManifest};
+use relaunch_api::{ChunkRef, ChunkUpload, DirectChunk, FileInfo, FileManifest, MissingChunks};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::error::{ClientError, ErrorKind};
-use crate::http::Client;
+use crate::http::{BucketPut, Client};
 
 /// Chunks in flight at once during an upload.
 pub const PARALLEL: usize = 8;
@@ -129,6 +129,80 @@ pub async fn upload(
     name: &str,
     progress: &Progress<'_>,
 ) -> Result<Uploaded, ClientError> {
+    let mode = DirectMode::from_env()?;
+    let mut direct_used = false;
+    match upload_once(client, run, path, name, progress, mode, &mut direct_used).await {
+        // A chunk sent to the bucket was not there at the commit (collected,
+        // or refused after the URL was handed out): ask and send again, once.
+        Err(e) if direct_used && e.kind() == ErrorKind::Conflict => {
+            tracing::info!(file = %name, error = %e, "uploading again what the bucket lacks");
+            upload_once(client, run, path, name, progress, mode, &mut direct_used).await
+        }
+        other => other,
+    }
+}
+
+/// How an upload sends chunks when the server offers its bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectMode {
+    /// Straight to the bucket when the server offers it, through the
+    /// server once the bucket cannot be reached (the default).
+    Auto,
+    /// Straight to the bucket, or fail.
+    On,
+    /// Always through the server.
+    Off,
+}
+
+/// The variable that sets [`DirectMode`]: `auto` (or unset), `on`, `off`.
+pub const DIRECT_ENV: &str = "RELAUNCH_DIRECT_UPLOADS";
+
+impl DirectMode {
+    pub fn from_env() -> Result<Self, ClientError> {
+        match std::env::var(DIRECT_ENV).ok().as_deref().map(str::trim) {
+            None | Some("" | "auto") => Ok(Self::Auto),
+            Some("on" | "1" | "true" | "yes") => Ok(Self::On),
+            Some("off" | "0" | "false" | "no") => Ok(Self::Off),
+            Some(other) => Err(ClientError::Config(format!(
+                "{DIRECT_ENV}={other:?}: give auto (straight to the server's bucket when it offers \
+                 one), on (always; fail otherwise) or off (always through the server)"
+            ))),
+        }
+    }
+}
+
+/// Set once a bucket could not be reached from this process: later chunks
+/// go through the server (in `auto` mode).
+static BUCKET_UNREACHABLE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+fn bucket_unreachable(reason: &str) {
+    if !BUCKET_UNREACHABLE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            %reason,
+            "cannot send chunks straight to the server's bucket; sending them through the \
+             server from now on (set {DIRECT_ENV}=off to skip the attempt)"
+        );
+    }
+}
+
+/// SHA-256 of `data`, as base64 (S3's `x-amz-checksum-sha256`).
+pub fn sha256_base64(data: &[u8]) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(data))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn upload_once(
+    client: &Client,
+    run: &str,
+    path: &Path,
+    name: &str,
+    progress: &Progress<'_>,
+    mode: DirectMode,
+    direct_used: &mut bool,
+) -> Result<Uploaded, ClientError> {
     check_file_name(name).map_err(ClientError::Config)?;
     let file = File::open(path).map_err(ClientError::io("open", path))?;
     let before = stamp(path, &file)?;
@@ -170,11 +244,60 @@ pub async fn upload(
                     .filter(|h| seen.insert(h.chunk.hash.clone()))
                     .map(|h| h.chunk.hash.clone())
                     .collect();
-                let mut missing: HashSet<String> = if new.is_empty() {
-                    HashSet::new()
+                let answer = if new.is_empty() {
+                    MissingChunks::default()
                 } else {
-                    client.missing_chunks(new).await?.into_iter().collect()
+                    client.missing_chunks(new).await?
                 };
+                if mode == DirectMode::On && !answer.direct && !answer.missing.is_empty() {
+                    return Err(ClientError::Config(format!(
+                        "{DIRECT_ENV}=on, but the server at {} takes chunks itself (it has no \
+                         bucket, or was started with --no-direct-uploads); unset {DIRECT_ENV}",
+                        client.url()
+                    )));
+                }
+                let mut missing: HashSet<String> = answer.missing.into_iter().collect();
+                let direct = answer.direct
+                    && !missing.is_empty()
+                    && match mode {
+                        DirectMode::Off => false,
+                        DirectMode::On => true,
+                        DirectMode::Auto => {
+                            !BUCKET_UNREACHABLE.load(std::sync::atomic::Ordering::Relaxed)
+                        }
+                    };
+                let mut urls: HashMap<String, (ChunkUpload, DirectChunk)> = HashMap::new();
+                if direct {
+                    let todo: Vec<(ChunkRef, Bytes)> = batch
+                        .iter()
+                        .filter(|h| missing.contains(&h.chunk.hash))
+                        .map(|h| (h.chunk.clone(), h.data.clone()))
+                        .collect();
+                    let sums = tokio::task::spawn_blocking(move || {
+                        let mut once = HashSet::new();
+                        todo.into_iter()
+                            .filter(|(c, _)| once.insert(c.hash.clone()))
+                            .map(|(c, data)| DirectChunk {
+                                sha256: sha256_base64(&data),
+                                hash: c.hash,
+                                size: c.size,
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .await
+                    .map_err(|e| ClientError::Config(format!("a checksum task failed: {e}")))?;
+                    let by_hash: HashMap<String, DirectChunk> =
+                        sums.iter().map(|c| (c.hash.clone(), c.clone())).collect();
+                    let answer = client.chunk_uploads(sums).await?;
+                    for upload in answer.uploads {
+                        if let Some(chunk) = by_hash.get(&upload.hash) {
+                            urls.insert(upload.hash.clone(), (upload, chunk.clone()));
+                        }
+                    }
+                    // No URL: stored by now (another upload's), nothing to send.
+                    missing.retain(|h| urls.contains_key(h));
+                    *direct_used |= !urls.is_empty();
+                }
                 for hashed in batch {
                     chunks.push(hashed.chunk.clone());
                     if missing.remove(&hashed.chunk.hash) {
@@ -187,8 +310,15 @@ pub async fn upload(
                         sent_chunks += 1;
                         sent_bytes += hashed.chunk.size;
                         let client = client.clone();
+                        let to_bucket = urls.remove(&hashed.chunk.hash);
                         sends.spawn(async move {
-                            send_chunk(&client, &hashed.chunk, hashed.data).await?;
+                            match to_bucket {
+                                Some((upload, chunk)) => {
+                                    send_direct(&client, upload, chunk, hashed.data, mode)
+                                        .await?
+                                }
+                                None => send_chunk(&client, &hashed.chunk, hashed.data).await?,
+                            }
                             Ok(hashed.chunk.size)
                         });
                     } else {
@@ -254,6 +384,72 @@ async fn send_chunk(client: &Client, chunk: &ChunkRef, data: Bytes) -> Result<()
         }
     }
     unreachable!("the last try returns")
+}
+
+/// Sends one chunk straight to the bucket through its presigned URL:
+/// again after a damaged transfer or a failure that may pass, with a new
+/// URL once its time ran out, and through the server instead when the
+/// bucket cannot be reached or refuses it (`auto`).
+async fn send_direct(
+    client: &Client,
+    mut upload: ChunkUpload,
+    chunk: DirectChunk,
+    data: Bytes,
+    mode: DirectMode,
+) -> Result<(), ClientError> {
+    let mut pause = Duration::from_millis(500);
+    let through_server = ChunkRef {
+        hash: chunk.hash.clone(),
+        size: chunk.size,
+    };
+    for attempt in 1..=TRIES {
+        let outcome = client.put_to_bucket(&upload, data.clone()).await;
+        let reason = match outcome {
+            BucketPut::Stored => return Ok(()),
+            BucketPut::Expired => {
+                let fresh = client.chunk_uploads(vec![chunk.clone()]).await?;
+                match fresh.uploads.into_iter().next() {
+                    Some(fresh) => upload = fresh,
+                    None => return Ok(()), // stored meanwhile
+                }
+                continue;
+            }
+            BucketPut::Unreachable(reason) | BucketPut::Refused(reason)
+                if mode == DirectMode::Auto =>
+            {
+                bucket_unreachable(&reason);
+                return send_chunk(client, &through_server, data).await;
+            }
+            BucketPut::Refused(reason) => {
+                return Err(ClientError::Config(format!(
+                    "the server's bucket refused chunk {} ({reason}); unset {DIRECT_ENV} to send \
+                     it through the server",
+                    chunk.hash
+                )));
+            }
+            BucketPut::Damaged(reason)
+            | BucketPut::Failed(reason)
+            | BucketPut::Unreachable(reason) => reason,
+        };
+        if attempt == TRIES {
+            return Err(ClientError::Unreachable {
+                url: bucket_of(&upload.url),
+                reason: format!(
+                    "chunk {} not stored after {TRIES} tries: {reason}",
+                    chunk.hash
+                ),
+            });
+        }
+        tracing::debug!(chunk = %chunk.hash, %reason, attempt, "sending a chunk to the bucket again");
+        tokio::time::sleep(crate::http::retry_pause(pause, None)).await;
+        pause = (pause * 2).min(Duration::from_secs(8));
+    }
+    unreachable!("the last try returns")
+}
+
+/// The bucket's address in a presigned URL, without the signature.
+fn bucket_of(url: &str) -> String {
+    url.split('?').next().unwrap_or(url).to_owned()
 }
 
 /// The partial file a download of `dest` writes into.

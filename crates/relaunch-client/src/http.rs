@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use relaunch_api::files::check_file_name;
 use relaunch_api::{
-    API_PREFIX, Ack, ApiError, ChunkQuery, Event, FileInfo, FileManifest, Health, HistoryQuery,
-    Latest, LogLine, MissingChunks, RunFilter, RunInfo, RunInit, RunPatch, Series, SeriesQuery,
+    API_PREFIX, Ack, ApiError, ChunkQuery, ChunkUpload, ChunkUploads, DirectChunk, Event, FileInfo,
+    FileManifest, Health, HistoryQuery, Latest, LogLine, MissingChunks, RunFilter, RunInfo,
+    RunInit, RunPatch, Series, SeriesQuery, UploadQuery,
 };
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
@@ -65,6 +66,24 @@ pub struct Client {
     /// The server in use, an index into `bases`, shared by every clone.
     active: Arc<AtomicUsize>,
     token: Option<String>,
+    /// For chunks sent straight to a bucket, made at the first.
+    bucket: Arc<std::sync::OnceLock<reqwest::Client>>,
+}
+
+/// What one `PUT` of a chunk to a bucket came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BucketPut {
+    Stored,
+    /// The URL's time ran out: ask for a new one.
+    Expired,
+    /// The bucket saw other bytes than the checksum (damaged on the way).
+    Damaged(String),
+    /// No connection to the bucket at all.
+    Unreachable(String),
+    /// A 5xx, a throttle, or a connection lost midway: try again.
+    Failed(String),
+    /// Anything else the bucket refused (403, ...).
+    Refused(String),
 }
 
 /// A run query for [`Client::logs`].
@@ -121,6 +140,7 @@ impl Client {
             bases: bases.into(),
             active: Arc::new(AtomicUsize::new(0)),
             token: token.filter(|t| !t.is_empty()).map(str::to_owned),
+            bucket: Arc::default(),
         })
     }
 
@@ -342,15 +362,96 @@ impl Client {
     }
 
     /// Those of `hashes` the server does not have.
-    pub async fn missing_chunks(&self, hashes: Vec<String>) -> Result<Vec<String>, ClientError> {
-        let answer: MissingChunks = self
-            .call(
-                "the chunk query",
-                self.request(Method::POST, "/chunks/missing")
-                    .json(&ChunkQuery { chunks: hashes }),
-            )
-            .await?;
-        Ok(answer.missing)
+    pub async fn missing_chunks(&self, hashes: Vec<String>) -> Result<MissingChunks, ClientError> {
+        self.call(
+            "the chunk query",
+            self.request(Method::POST, "/chunks/missing")
+                .json(&ChunkQuery { chunks: hashes }),
+        )
+        .await
+    }
+
+    /// Presigned URLs to send `chunks` straight to the server's bucket
+    /// (only for those still missing there).
+    pub async fn chunk_uploads(
+        &self,
+        chunks: Vec<DirectChunk>,
+    ) -> Result<ChunkUploads, ClientError> {
+        self.call(
+            "the upload query",
+            self.request(Method::POST, "/chunks/uploads")
+                .json(&UploadQuery { chunks }),
+        )
+        .await
+    }
+
+    /// One chunk `PUT` to the bucket through a presigned URL, with the
+    /// headers its signature binds.
+    pub async fn put_to_bucket(&self, upload: &ChunkUpload, data: bytes::Bytes) -> BucketPut {
+        let http = match self.bucket_client() {
+            Ok(http) => http,
+            Err(e) => return BucketPut::Unreachable(e),
+        };
+        let mut request = http.put(&upload.url).body(data);
+        for (name, value) in &upload.headers {
+            request = request.header(name, value);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => {
+                let mut reason = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(inner) = source {
+                    reason.push_str(": ");
+                    reason.push_str(&inner.to_string());
+                    source = inner.source();
+                }
+                return if e.is_connect() {
+                    BucketPut::Unreachable(reason)
+                } else {
+                    BucketPut::Failed(reason)
+                };
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return BucketPut::Stored;
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&body);
+        let code = text
+            .split_once("<Code>")
+            .and_then(|(_, rest)| rest.split_once("</Code>"))
+            .map_or("", |(code, _)| code);
+        let said = format!("{status} {code}").trim().to_owned();
+        if text.contains("expired") || code == "ExpiredToken" {
+            BucketPut::Expired
+        } else if matches!(
+            code,
+            "BadDigest" | "InvalidDigest" | "XAmzContentSHA256Mismatch"
+        ) || status == StatusCode::BAD_REQUEST
+        {
+            BucketPut::Damaged(said)
+        } else if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            BucketPut::Failed(said)
+        } else {
+            BucketPut::Refused(said)
+        }
+    }
+
+    /// The HTTP client for a bucket: its own (the server's may have been
+    /// built without root certificates, for a plain-HTTP server).
+    fn bucket_client(&self) -> Result<reqwest::Client, String> {
+        if let Some(http) = self.bucket.get() {
+            return Ok(http.clone());
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_STALL)
+            .user_agent(concat!("relaunch/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot set up HTTP for the bucket: {e}"))?;
+        Ok(self.bucket.get_or_init(|| http).clone())
     }
 
     /// Uploads one chunk; the server stores it only if `hash` is its BLAKE3.

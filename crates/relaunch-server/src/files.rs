@@ -1,7 +1,13 @@
 //! The handlers of a run's files and of the chunks they are made of.
 //!
-//! - `POST /chunks/missing`: which of these hashes are not stored;
+//! - `POST /chunks/missing`: which of these hashes are not stored (and
+//!   whether this server takes chunks straight into its bucket);
 //! - `PUT /chunks/{hash}`: one chunk, stored only if its BLAKE3 is `hash`;
+//! - `POST /chunks/uploads`: presigned URLs to send missing chunks straight
+//!   to the bucket (`--blobs s3://...`), each bound to the chunk's SHA-256,
+//!   which the bucket checks; a commit confirms them (size and SHA-256, as
+//!   the bucket says) before the manifest is stored, and those never
+//!   confirmed are deleted after a grace period ([`collect_unconfirmed`]);
 //! - `POST /runs/{id}/files`: commit a file as its list of chunks, all of
 //!   which must be stored; the file becomes visible whole, at once;
 //! - `GET /runs/{id}/files`: the run's files;
@@ -15,6 +21,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -24,7 +31,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt as _;
 use relaunch_api::files::{CHUNK_MAX, MAX_MISSING_QUERY, check_file_name, check_hash};
-use relaunch_api::{ChunkQuery, ChunkRef, FileInfo, FileManifest, MissingChunks};
+use relaunch_api::{
+    ChunkQuery, ChunkRef, ChunkUploads, DirectChunk, FileInfo, FileManifest, MissingChunks,
+    UploadQuery,
+};
 
 use crate::AppState;
 use crate::api::{RunId, json_body, now};
@@ -42,6 +52,27 @@ use crate::storage::sqlite::Durability;
 pub struct FileStore {
     blobs: Arc<dyn BlobStore>,
     scratch: PathBuf,
+    /// Set when clients may send chunks straight to the bucket.
+    direct: Option<Direct>,
+}
+
+/// How chunks sent straight to the bucket are handed out and collected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Direct {
+    /// How long a presigned URL works.
+    pub expires: Duration,
+    /// How long a chunk handed out and never confirmed by a commit stays
+    /// in the bucket; longer than `expires`, so no upload in flight loses one.
+    pub grace: Duration,
+}
+
+impl Default for Direct {
+    fn default() -> Self {
+        Self {
+            expires: Duration::from_secs(3600),
+            grace: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 impl std::fmt::Debug for FileStore {
@@ -64,7 +95,34 @@ impl FileStore {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(Self { blobs, scratch })
+        Ok(Self {
+            blobs,
+            scratch,
+            direct: None,
+        })
+    }
+
+    /// Hands clients URLs to send chunks straight to the bucket, when the
+    /// chunk store takes them (S3); `None` keeps every chunk going
+    /// through the server. Refuses a grace period not longer than the
+    /// URLs' life.
+    pub fn with_direct(mut self, direct: Option<Direct>) -> Result<Self, StorageError> {
+        if let Some(d) = direct
+            && d.grace <= d.expires
+        {
+            return Err(StorageError::Invalid(format!(
+                "the grace period for unconfirmed chunks ({:?}) must be longer than an upload \
+                 URL's life ({:?}), or uploads in flight would lose their chunks",
+                d.grace, d.expires
+            )));
+        }
+        self.direct = direct.filter(|_| self.blobs.takes_direct());
+        Ok(self)
+    }
+
+    /// Whether clients are handed URLs to the bucket.
+    pub fn direct(&self) -> Option<Direct> {
+        self.direct
     }
 
     /// Chunks in an S3-compatible bucket (`--blobs s3://BUCKET/PREFIX`,
@@ -123,8 +181,151 @@ pub(crate) async fn missing(
     for hash in &query.chunks {
         check_hash(hash).map_err(AppError::BadRequest)?;
     }
-    let missing = on_blobs(&state.files, move |b| b.missing(&query.chunks)).await?;
-    Ok(Json(MissingChunks { missing }))
+    let direct = state.files.direct.is_some();
+    let missing = missing_of(&state, query.chunks).await?;
+    Ok(Json(MissingChunks { missing, direct }))
+}
+
+/// Those of `hashes` not stored, and, where chunks go straight to the
+/// bucket, those sent there but not yet confirmed by a commit (they serve
+/// no one's dedup until then), in the order asked.
+async fn missing_of(state: &AppState, hashes: Vec<String>) -> Result<Vec<String>, AppError> {
+    let pending: std::collections::HashSet<String> = if state.files.direct.is_some() {
+        let asked = hashes.clone();
+        crate::api::blocking(&state.storage, move |s| s.pending_chunks(&asked))
+            .await?
+            .into_iter()
+            .map(|c| c.hash)
+            .collect()
+    } else {
+        Default::default()
+    };
+    let absent: std::collections::HashSet<String> = {
+        let asked = hashes.clone();
+        on_blobs(&state.files, move |b| b.missing(&asked))
+            .await?
+            .into_iter()
+            .collect()
+    };
+    Ok(hashes
+        .into_iter()
+        .filter(|h| absent.contains(h) || pending.contains(h))
+        .collect())
+}
+
+/// `POST /chunks/uploads`: a presigned URL for each of the asked chunks
+/// that is still missing, bound to its SHA-256; those already stored get
+/// none (nothing stored is ever overwritten through a URL).
+pub(crate) async fn uploads(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<ChunkUploads>, AppError> {
+    let Some(direct) = state.files.direct else {
+        return Err(AppError::Conflict(
+            "this server takes chunks itself, not straight into a bucket: send each with \
+             PUT /api/v1/chunks/HASH (its /chunks/missing answer says \"direct\": false)"
+                .into(),
+        ));
+    };
+    let bytes = read_limited(
+        &state.body_budget,
+        &headers,
+        body,
+        state.max_request_bytes,
+        "ask for fewer chunks at a time",
+    )
+    .await?;
+    let query: UploadQuery = json_body(&bytes, "the upload query")?;
+    if query.chunks.len() > MAX_MISSING_QUERY {
+        return Err(AppError::TooLarge(format!(
+            "{} chunks in one query; ask for at most {MAX_MISSING_QUERY} at a time",
+            query.chunks.len()
+        )));
+    }
+    for chunk in &query.chunks {
+        check_direct_chunk(chunk).map_err(AppError::BadRequest)?;
+    }
+    let hashes: Vec<String> = query.chunks.iter().map(|c| c.hash.clone()).collect();
+    let missing: std::collections::HashSet<String> =
+        missing_of(&state, hashes).await?.into_iter().collect();
+    let mut seen = std::collections::HashSet::new();
+    let wanted: Vec<DirectChunk> = query
+        .chunks
+        .into_iter()
+        .filter(|c| missing.contains(&c.hash) && seen.insert(c.hash.clone()))
+        .collect();
+    if !wanted.is_empty() {
+        let pend = wanted.clone();
+        crate::api::blocking(&state.storage, move |s| s.pend_chunks(&pend, now())).await?;
+    }
+    let expires = direct.expires;
+    let uploads = on_blobs(&state.files, move |b| b.presign(&wanted, expires)).await?;
+    Ok(Json(ChunkUploads {
+        uploads,
+        expires_in: expires.as_secs(),
+    }))
+}
+
+/// A chunk to be sent straight to the bucket: a hash, a size a chunk can
+/// have, and a SHA-256 as base64 (44 characters, 32 bytes).
+fn check_direct_chunk(chunk: &DirectChunk) -> Result<(), String> {
+    use base64::Engine as _;
+    check_hash(&chunk.hash)?;
+    if chunk.size == 0 || chunk.size > CHUNK_MAX as u64 {
+        return Err(format!(
+            "chunk {} has size {}; chunks are 1 to {CHUNK_MAX} bytes",
+            chunk.hash, chunk.size
+        ));
+    }
+    match base64::engine::general_purpose::STANDARD.decode(&chunk.sha256) {
+        Ok(sum) if sum.len() == 32 => Ok(()),
+        _ => Err(format!(
+            "chunk {}: sha256 {:?} is not a SHA-256 in base64 (44 characters, as S3's \
+             x-amz-checksum-sha256)",
+            chunk.hash, chunk.sha256
+        )),
+    }
+}
+
+/// Deletes, every so often, the chunks handed out for the bucket that no
+/// commit confirmed within the grace period. Runs while the server does.
+pub async fn collect_unconfirmed(state: AppState) {
+    let Some(direct) = state.files.direct else {
+        return;
+    };
+    let every = (direct.grace / 8).clamp(Duration::from_millis(200), Duration::from_secs(600));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = collect_once(&state, direct.grace).await {
+            tracing::warn!(error = %e, "cannot collect unconfirmed chunks; will try again");
+        }
+    }
+}
+
+/// One round of [`collect_unconfirmed`]; returns how many were deleted.
+pub async fn collect_once(state: &AppState, grace: Duration) -> Result<usize, AppError> {
+    let before = now() - grace.as_secs_f64();
+    let mut deleted = 0;
+    loop {
+        let stale =
+            crate::api::blocking(&state.storage, move |s| s.stale_chunks(before, 1000)).await?;
+        if stale.is_empty() {
+            return Ok(deleted);
+        }
+        let n = stale.len();
+        let gone = stale.clone();
+        on_blobs(&state.files, move |b| b.remove_unconfirmed(&gone)).await?;
+        crate::api::blocking(&state.storage, move |s| s.drop_stale_chunks(&stale, before)).await?;
+        tracing::info!(
+            chunks = n,
+            "deleted chunks sent to the bucket and never committed"
+        );
+        deleted += n;
+        if n < 1000 {
+            return Ok(deleted);
+        }
+    }
 }
 
 pub(crate) async fn put_chunk(
@@ -198,6 +399,32 @@ pub(crate) async fn commit(
     .await?;
     let manifest: FileManifest = json_body(&bytes, "the file manifest")?;
     check_manifest(&manifest)?;
+    // Chunks sent straight to the bucket and not yet confirmed: the bucket
+    // must hold each with the size and SHA-256 it was handed out for.
+    let mut direct_chunks = false;
+    if state.files.direct.is_some() {
+        let hashes: Vec<String> = manifest.chunks.iter().map(|c| c.hash.clone()).collect();
+        let pending =
+            crate::api::blocking(&state.storage, move |s| s.pending_chunks(&hashes)).await?;
+        direct_chunks = !pending.is_empty();
+        let confirmed = on_blobs(&state.files, {
+            let pending = pending.clone();
+            move |b| b.confirm(&pending)
+        })
+        .await?;
+        if let Some((chunk, why)) = pending
+            .iter()
+            .zip(confirmed)
+            .find_map(|(c, why)| why.map(|w| (c, w)))
+        {
+            return Err(AppError::Conflict(format!(
+                "{why}; the file is not committed: ask POST /api/v1/chunks/missing again and \
+                 send what it names (chunk {} of {} in the manifest)",
+                chunk.hash,
+                manifest.chunks.len()
+            )));
+        }
+    }
     let chunks = manifest.chunks.clone();
     let declared = manifest.blake3.clone();
     // Every chunk stored, with the size the manifest says (so the file
@@ -229,7 +456,10 @@ pub(crate) async fn commit(
         // whose whole-file BLAKE3 is not its bytes' is refused now rather
         // than served as a cut body later. (One chunk or none: checked in
         // `check_manifest` without reading.)
-        if hashes.len() > 1 {
+        // A file with chunks sent straight to the bucket is not read back
+        // (that would cost the server the bytes it was spared): its whole
+        // BLAKE3 is checked by every download as it streams.
+        if hashes.len() > 1 && !direct_chunks {
             let actual = whole_hash(b, &hashes)?;
             if actual.as_str() != declared {
                 return Ok(Err(AppError::BadRequest(format!(

@@ -31,7 +31,7 @@ use tokio::sync::watch;
 pub use body::DEFAULT_MAX_BODY_MEMORY;
 pub use conn::{ConnLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use error::AppError;
-pub use files::FileStore;
+pub use files::{Direct, FileStore, collect_once, collect_unconfirmed};
 pub use reads::DEFAULT_MAX_RESPONSE_MEMORY;
 pub use storage::Storage;
 
@@ -163,6 +163,7 @@ pub fn router(state: AppState) -> Router {
                 .delete(files::delete),
         )
         .route("/chunks/missing", post(files::missing))
+        .route("/chunks/uploads", post(files::uploads))
         .route("/chunks/{hash}", put(files::put_chunk))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let open = Router::new()

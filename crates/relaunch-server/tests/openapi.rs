@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use relaunch_api::{
-    Ack, ApiError, ChunkQuery, ChunkRef, Event, FileInfo, FileManifest, Health, Latest, LogLine,
-    MissingChunks, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesPoint, Stream,
+    Ack, ApiError, ChunkQuery, ChunkRef, ChunkUpload, ChunkUploads, DirectChunk, Event, FileInfo,
+    FileManifest, Health, Latest, LogLine, MissingChunks, RunInfo, RunInit, RunLatest, RunPatch,
+    RunStatus, Series, SeriesPoint, Stream, UploadQuery,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -274,6 +275,32 @@ fn every_schema_is_its_type() {
         "MissingChunks",
         &MissingChunks {
             missing: vec!["h".into()],
+            direct: true,
+        },
+    );
+    let direct = DirectChunk {
+        hash: "h".into(),
+        size: 1,
+        sha256: "s".into(),
+    };
+    check("DirectChunk", &direct);
+    check(
+        "UploadQuery",
+        &UploadQuery {
+            chunks: vec![direct],
+        },
+    );
+    let upload = ChunkUpload {
+        hash: "h".into(),
+        url: "u".into(),
+        headers: [("x-amz-checksum-sha256".to_owned(), "s".to_owned())].into(),
+    };
+    check("ChunkUpload", &upload);
+    check(
+        "ChunkUploads",
+        &ChunkUploads {
+            uploads: vec![upload],
+            expires_in: 60,
         },
     );
     check(

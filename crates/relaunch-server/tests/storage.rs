@@ -1218,6 +1218,65 @@ fn a_file_cannot_also_be_a_folder_of_files() {
     });
 }
 
+#[test]
+fn chunks_handed_out_for_the_bucket_are_pending_until_a_commit_names_them() {
+    use relaunch_api::{ChunkRef, DirectChunk, FileManifest};
+    each_backend(|s, name| {
+        let chunk = |c: char, sum: &str| DirectChunk {
+            hash: c.to_string().repeat(64),
+            size: 10,
+            sha256: sum.into(),
+        };
+        let hashes = |v: &[DirectChunk]| v.iter().map(|c| c.hash.clone()).collect::<Vec<_>>();
+        s.pend_chunks(&[chunk('a', "s1"), chunk('b', "s2")], 10.0)
+            .unwrap();
+        s.pend_chunks(&[chunk('c', "s3")], 20.0).unwrap();
+        // Asked for again: the new time and checksum.
+        s.pend_chunks(&[chunk('a', "s1-again")], 30.0).unwrap();
+        let all = hashes(&[
+            chunk('a', ""),
+            chunk('b', ""),
+            chunk('c', ""),
+            chunk('d', ""),
+        ]);
+        let mut pending = s.pending_chunks(&all).unwrap();
+        pending.sort_by(|x, y| x.hash.cmp(&y.hash));
+        assert_eq!(
+            pending,
+            [chunk('a', "s1-again"), chunk('b', "s2"), chunk('c', "s3")],
+            "{name}"
+        );
+        // Stale: handed out before 25 and never confirmed, oldest first.
+        assert_eq!(
+            s.stale_chunks(25.0, 10).unwrap(),
+            hashes(&[chunk('b', ""), chunk('c', "")]),
+            "{name}"
+        );
+        assert_eq!(s.stale_chunks(25.0, 1).unwrap().len(), 1);
+        // A commit that names a chunk confirms it.
+        s.open_run(&init("p", Some("r"), "t"), 1.0).unwrap();
+        let file = FileManifest {
+            name: "f".into(),
+            size: 10,
+            blake3: "e".repeat(64),
+            chunks: vec![ChunkRef {
+                hash: "c".repeat(64),
+                size: 10,
+            }],
+        };
+        s.commit_file("r", &file, 40.0).unwrap();
+        assert_eq!(s.stale_chunks(25.0, 10).unwrap(), hashes(&[chunk('b', "")]));
+        // Collected: dropped only if still as old (one handed out again is kept).
+        s.pend_chunks(&[chunk('b', "s2")], 50.0).unwrap();
+        s.drop_stale_chunks(&hashes(&[chunk('a', ""), chunk('b', "")]), 25.0)
+            .unwrap();
+        assert_eq!(hashes(&s.pending_chunks(&all).unwrap()).len(), 2, "{name}");
+        s.drop_stale_chunks(&hashes(&[chunk('a', ""), chunk('b', "")]), 60.0)
+            .unwrap();
+        assert!(s.pending_chunks(&all).unwrap().is_empty(), "{name}");
+    });
+}
+
 /// CI must run the PostgreSQL half of the suite, not skip it quietly.
 #[test]
 fn postgres_runs_under_ci() {

@@ -43,6 +43,21 @@ pub struct ServerArgs {
     #[arg(long, value_name = "URL", requires = "blobs")]
     pub s3_endpoint: Option<String>,
 
+    /// With --blobs, clients send every chunk through this server instead of straight to the
+    /// bucket (for clients that cannot reach it). By default the server hands each client
+    /// presigned URLs, each bound to its chunk's SHA-256, which the bucket checks.
+    #[arg(long, requires = "blobs")]
+    pub no_direct_uploads: bool,
+
+    /// How long a presigned upload URL works.
+    #[arg(long, default_value = "3600", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub upload_url_expiry: Duration,
+
+    /// How long a chunk sent straight to the bucket waits for a commit that names it before it is
+    /// deleted; longer than --upload-url-expiry.
+    #[arg(long, default_value = "86400", value_parser = parse_seconds, value_name = "SECONDS")]
+    pub unconfirmed_grace: Duration,
+
     /// Address to listen on; anything but loopback needs --token.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -128,6 +143,9 @@ impl Default for ServerArgs {
             database: None,
             blobs: None,
             s3_endpoint: None,
+            no_direct_uploads: false,
+            upload_url_expiry: Duration::from_secs(3600),
+            unconfirmed_grace: Duration::from_secs(86400),
             host: "127.0.0.1".into(),
             port: 8765,
             token: None,

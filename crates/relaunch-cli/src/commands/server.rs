@@ -76,6 +76,8 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             "relaunch server: http://{addr} ({}{files_place})",
             opened.place
         ));
+        // Returns at once unless chunks go straight to a bucket.
+        tokio::spawn(relaunch_server::collect_unconfirmed(state.clone()));
         relaunch_server::serve_with(listener, state, limits, shutdown)
             .await
             .context("the server failed")?;
@@ -171,7 +173,19 @@ fn open_files(args: &ServerArgs, durability: Durability) -> anyhow::Result<(File
                     other => anyhow::anyhow!("--blobs: {other}"),
                 }
             })?;
-        return Ok((files, format!(", files in {url}")));
+        let direct = (!args.no_direct_uploads).then_some(relaunch_server::Direct {
+            expires: args.upload_url_expiry,
+            grace: args.unconfirmed_grace,
+        });
+        let files = files
+            .with_direct(direct)
+            .map_err(|e| anyhow::anyhow!("--unconfirmed-grace: {e}"))?;
+        let how = if direct.is_some() {
+            "; clients send chunks straight to it"
+        } else {
+            ""
+        };
+        return Ok((files, format!(", files in {url}{how}")));
     }
     let files = FileStore::open_dir(&args.data_dir, durability)
         .with_context(|| format!("cannot open the file store in {}", args.data_dir.display()))?;

@@ -8,6 +8,9 @@ use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use relaunch_api::{ChunkUpload, DirectChunk};
 
 use super::StorageError;
 use super::sqlite::Durability;
@@ -51,6 +54,46 @@ pub trait BlobStore: Send + Sync + 'static {
     /// it is stored is an error ([`StorageError::Corrupt`]), never wrong
     /// bytes.
     fn get(&self, hash: &str) -> Result<Vec<u8>, StorageError>;
+
+    /// Whether clients may send chunks straight to this store
+    /// ([`presign`](Self::presign)); a directory on the server's disk may not.
+    fn takes_direct(&self) -> bool {
+        false
+    }
+
+    /// A URL for each of `chunks` that stores it, for `expires` from now,
+    /// only if its body has the chunk's SHA-256 (the store checks it).
+    fn presign(
+        &self,
+        _chunks: &[DirectChunk],
+        _expires: Duration,
+    ) -> Result<Vec<ChunkUpload>, StorageError> {
+        Err(StorageError::Invalid(
+            "this server keeps chunks on its own disk: send them with PUT /api/v1/chunks/HASH"
+                .into(),
+        ))
+    }
+
+    /// Whether each of `chunks`, sent straight to the store, is there with
+    /// its size and SHA-256 (what the store itself says): `None` if so,
+    /// else why not. A confirmed chunk is then stored like any other.
+    fn confirm(&self, chunks: &[DirectChunk]) -> Result<Vec<Option<String>>, StorageError> {
+        Ok(chunks
+            .iter()
+            .map(|c| {
+                Some(format!(
+                    "chunk {} was never sent straight to the store",
+                    c.hash
+                ))
+            })
+            .collect())
+    }
+
+    /// Removes chunks sent straight to the store that no commit confirmed
+    /// within the grace period.
+    fn remove_unconfirmed(&self, _hashes: &[String]) -> Result<(), StorageError> {
+        Ok(())
+    }
 }
 
 /// Chunks as files. A chunk is written to `DIR/chunks/staged/ab/.HASH.*`

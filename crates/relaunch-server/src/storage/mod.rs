@@ -15,8 +15,8 @@ pub mod transfer;
 mod writeback;
 
 use relaunch_api::{
-    Ack, Batch, ChunkRef, Event, FileInfo, FileManifest, Latest, LogLine, RunFilter, RunInfo,
-    RunInit, RunLatest, RunPatch, Series, SeriesQuery,
+    Ack, Batch, ChunkRef, DirectChunk, Event, FileInfo, FileManifest, Latest, LogLine, RunFilter,
+    RunInfo, RunInit, RunLatest, RunPatch, Series, SeriesQuery,
 };
 
 /// The kind of a storage failure, for the HTTP status and for retries.
@@ -132,6 +132,34 @@ pub trait Storage: Send + Sync + 'static {
     /// Its chunks stay stored (other files may share them).
     fn delete_file(&self, run: &str, name: &str, now: f64) -> Result<FileInfo, StorageError>;
 
+    /// Records that a client was handed URLs to send `chunks` straight to
+    /// the bucket, at `now` (a chunk asked for again gets the new time).
+    fn pend_chunks(&self, chunks: &[DirectChunk], now: f64) -> Result<(), StorageError> {
+        let _ = (chunks, now);
+        Err(no_direct(self.name()))
+    }
+
+    /// Those of `hashes` handed out and not yet confirmed by a commit, with
+    /// the size and SHA-256 they were handed out for. [`commit_file`]
+    /// (Self::commit_file) removes the rows of the chunks it names.
+    fn pending_chunks(&self, hashes: &[String]) -> Result<Vec<DirectChunk>, StorageError> {
+        let _ = hashes;
+        Err(no_direct(self.name()))
+    }
+
+    /// Up to `limit` chunks handed out before `before` and never confirmed.
+    fn stale_chunks(&self, before: f64, limit: usize) -> Result<Vec<String>, StorageError> {
+        let _ = (before, limit);
+        Err(no_direct(self.name()))
+    }
+
+    /// Forgets those of `hashes` still handed out before `before` (their
+    /// objects were deleted; one handed out again since is kept).
+    fn drop_stale_chunks(&self, hashes: &[String], before: f64) -> Result<(), StorageError> {
+        let _ = (hashes, before);
+        Err(no_direct(self.name()))
+    }
+
     /// Calls `changed` whenever another process that shares this storage
     /// (a replica on the same database) stores console lines, so that log
     /// follows here wake at once; the server announces its own writes
@@ -139,6 +167,12 @@ pub trait Storage: Send + Sync + 'static {
     fn watch_logs(&self, changed: LogsChanged) {
         drop(changed);
     }
+}
+
+fn no_direct(name: &str) -> StorageError {
+    StorageError::Invalid(format!(
+        "the {name} storage keeps no chunks sent straight to a bucket"
+    ))
 }
 
 /// What [`Storage::watch_logs`] calls.

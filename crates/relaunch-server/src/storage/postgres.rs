@@ -47,8 +47,9 @@ use postgres::{IsolationLevel, NoTls, Row, Transaction};
 use r2d2::{Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
 use relaunch_api::{
-    Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine,
-    RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
+    Ack, Batch, ChunkRef, DEFAULT_PROJECT, DirectChunk, Event, FileInfo, FileManifest, Latest,
+    LogLine, RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery,
+    Stream,
 };
 use serde_json::Value;
 
@@ -722,6 +723,12 @@ impl Storage for PgStorage {
             )? {
                 return Err(runs::file_or_folder(run, &file.name, row.get(0)).into());
             }
+            // Its chunks sent straight to the bucket are confirmed now.
+            let hashes: Vec<&str> = file.chunks.iter().map(|c| c.hash.as_str()).collect();
+            tx.execute(
+                "DELETE FROM pending_chunks WHERE hash = ANY($1)",
+                &[&hashes],
+            )?;
             tx.execute(
                 "INSERT INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7) \
@@ -749,6 +756,65 @@ impl Storage for PgStorage {
                 chunks: file.chunks.len() as u64,
                 created_at: now,
             })
+        })
+    }
+
+    fn pend_chunks(&self, chunks: &[DirectChunk], now: f64) -> Result<(), StorageError> {
+        let now = now_or(now);
+        let hashes: Vec<&str> = chunks.iter().map(|c| c.hash.as_str()).collect();
+        let sizes: Vec<i64> = chunks
+            .iter()
+            .map(|c| i64::try_from(c.size).unwrap_or(i64::MAX))
+            .collect();
+        let sums: Vec<&str> = chunks.iter().map(|c| c.sha256.as_str()).collect();
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO pending_chunks (hash, size, sha256, handed_at) \
+                 SELECT h, s, c, $4 FROM unnest($1::text[], $2::bigint[], $3::text[]) AS t(h, s, c) \
+                 ON CONFLICT (hash) DO UPDATE SET size = EXCLUDED.size, \
+                 sha256 = EXCLUDED.sha256, handed_at = EXCLUDED.handed_at",
+                &[&hashes, &sizes, &sums, &now],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn pending_chunks(&self, hashes: &[String]) -> Result<Vec<DirectChunk>, StorageError> {
+        self.read(|tx| {
+            let rows = tx.query(
+                "SELECT hash, size, sha256 FROM pending_chunks WHERE hash = ANY($1)",
+                &[&hashes],
+            )?;
+            Ok(rows
+                .iter()
+                .map(|r| DirectChunk {
+                    hash: r.get(0),
+                    size: r.get::<_, i64>(1).max(0) as u64,
+                    sha256: r.get(2),
+                })
+                .collect())
+        })
+    }
+
+    fn stale_chunks(&self, before: f64, limit: usize) -> Result<Vec<String>, StorageError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(|tx| {
+            let rows = tx.query(
+                "SELECT hash FROM pending_chunks WHERE handed_at < $1 \
+                 ORDER BY handed_at LIMIT $2",
+                &[&before, &limit],
+            )?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    fn drop_stale_chunks(&self, hashes: &[String], before: f64) -> Result<(), StorageError> {
+        self.write(|tx| {
+            tx.execute(
+                "DELETE FROM pending_chunks WHERE hash = ANY($1) AND handed_at < $2",
+                &[&hashes, &before],
+            )?;
+            Ok(())
         })
     }
 

@@ -21,6 +21,11 @@
 //! against what S3 itself said, never against what a client declares, so a
 //! committed file never names a chunk that is not in the bucket.
 //!
+//! Clients may also send chunks straight here, through presigned PUT URLs
+//! bound to each chunk's SHA-256, which the bucket checks
+//! ([`BlobStore::presign`]); a commit confirms each with a HEAD that reads
+//! back its size and SHA-256 ([`BlobStore::confirm`]).
+//!
 //! Over HTTPS a PUT's body is not hashed into its signature
 //! (`UNSIGNED-PAYLOAD`, as the AWS CLI does there): TLS already protects
 //! it, and SHA-256 of every byte was the server's largest cost. Over plain
@@ -29,8 +34,9 @@
 //!
 //! What S3 said is remembered: each chunk this process stored (its PUT
 //! acknowledged) or found (a HEAD) is kept with its size in [`Known`], and
-//! asked about again only once forgotten. relaunch never deletes a chunk,
-//! so what was in the bucket stays there. An upload then costs one HEAD
+//! asked about again only once forgotten. relaunch deletes only chunks a
+//! client was handed a URL for and that no commit confirmed within the
+//! grace period, so what a commit confirmed stays there. An upload then costs one HEAD
 //! (the client's question, which chunks are missing) and one PUT per new
 //! chunk, where asking again before the PUT and at the commit cost two
 //! HEADs more. Someone who
@@ -43,13 +49,20 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::http::{HeaderName, HeaderValue};
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path;
+use object_store::signer::{Method, SignedUrlOptions, Signer as _};
 use object_store::{BackoffConfig, ClientConfigKey, ObjectStoreExt as _, PutPayload, RetryConfig};
+use relaunch_api::{ChunkUpload, DirectChunk};
 
 use super::StorageError;
 use super::blobs::BlobStore;
+
+/// The header a presigned PUT binds to the chunk's SHA-256: the bucket
+/// refuses a body that does not have it (`BadDigest`).
+pub const CHECKSUM_HEADER: &str = "x-amz-checksum-sha256";
 
 /// HEAD requests in flight at once when many chunks are asked about
 /// (`missing`, a commit's sizes): enough to hide the round trips, few
@@ -126,6 +139,9 @@ pub struct S3Blobs {
     /// Chunk objects written since open (`put` that found none).
     written: AtomicU64,
     known: Known,
+    /// For the HEADs that read a chunk's checksum (`object_store` does not
+    /// return it): presigned by the store, sent with this client.
+    http: reqwest::Client,
 }
 
 impl std::fmt::Debug for S3Blobs {
@@ -228,6 +244,13 @@ impl S3Blobs {
             runtime: Some(runtime),
             written: AtomicU64::new(0),
             known: Known::default(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(60))
+                .build()
+                .map_err(|e| {
+                    StorageError::Backend(format!("cannot set up the S3 checksum client: {e}"))
+                })?,
         })
     }
 
@@ -308,6 +331,110 @@ impl S3Blobs {
     }
 }
 
+impl S3Blobs {
+    /// One presigned request for `path`, bound to the header `name: value`.
+    async fn signed(
+        &self,
+        method: Method,
+        path: &Path,
+        expires: Duration,
+        name: &'static str,
+        value: &str,
+    ) -> Result<String, StorageError> {
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| StorageError::Invalid(format!("{value:?} cannot be a header value")))?;
+        let options =
+            SignedUrlOptions::default().with_signed_header(HeaderName::from_static(name), value);
+        self.store
+            .signed_url_opts(method, path, expires, &options)
+            .await
+            .map(|url| url.to_string())
+            .map_err(|e| failure(&self.url, "sign a request for", path, e))
+    }
+
+    /// Whether `chunk` is in the bucket with its size and SHA-256, as the
+    /// bucket says (a HEAD with `x-amz-checksum-mode: ENABLED`): `None` if
+    /// so, else why not.
+    async fn confirm_one(&self, chunk: &DirectChunk) -> Result<Option<String>, StorageError> {
+        let path = self.path(&chunk.hash)?;
+        if self.known.get(&chunk.hash) == Some(chunk.size) {
+            return Ok(None); // this process stored it, or confirmed it
+        }
+        let mode = "x-amz-checksum-mode";
+        let url = self
+            .signed(
+                Method::HEAD,
+                &path,
+                Duration::from_secs(300),
+                mode,
+                "ENABLED",
+            )
+            .await?;
+        let response = self
+            .http
+            .head(&url)
+            .header(mode, "ENABLED")
+            .send()
+            .await
+            .map_err(|e| {
+                StorageError::Unavailable(format!(
+                    "cannot look up {path} in {}: {e}; the S3 service is unreachable, retry later",
+                    self.url
+                ))
+            })?;
+        let status = response.status();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(Some(format!(
+                "chunk {} is not in the bucket: its PUT never arrived or was refused",
+                chunk.hash
+            )));
+        }
+        if matches!(status.as_u16(), 401 | 403) {
+            return Err(StorageError::Backend(format!(
+                "S3 refused to look up {path} in {} ({status}); check the server's credentials",
+                self.url
+            )));
+        }
+        if !status.is_success() {
+            return Err(StorageError::Unavailable(format!(
+                "cannot look up {path} in {}: {status}; retry later",
+                self.url
+            )));
+        }
+        let size = header("content-length").and_then(|v| v.parse::<u64>().ok());
+        if size != Some(chunk.size) {
+            return Ok(Some(format!(
+                "chunk {} holds {} bytes in the bucket, not the {} it was sent as",
+                chunk.hash,
+                size.map_or_else(|| "an unknown number of".into(), |s| s.to_string()),
+                chunk.size
+            )));
+        }
+        match header(CHECKSUM_HEADER) {
+            Some(sum) if sum == chunk.sha256 => {
+                self.known.insert(&chunk.hash, chunk.size);
+                Ok(None)
+            }
+            Some(sum) => Ok(Some(format!(
+                "chunk {} has SHA-256 {sum} in the bucket, not the {} it was sent with",
+                chunk.hash, chunk.sha256
+            ))),
+            None => Ok(Some(format!(
+                "chunk {} is in the bucket without a SHA-256: it was not stored through a URL \
+                 this server handed out",
+                chunk.hash
+            ))),
+        }
+    }
+}
+
 impl BlobStore for S3Blobs {
     fn missing(&self, hashes: &[String]) -> Result<Vec<String>, StorageError> {
         let sizes = self.heads(hashes)?;
@@ -356,6 +483,63 @@ impl BlobStore for S3Blobs {
 
     /// Nothing to do: S3 acknowledges a PUT once the object is durable.
     fn persist(&self, _hashes: &[String]) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    fn takes_direct(&self) -> bool {
+        true
+    }
+
+    fn presign(
+        &self,
+        chunks: &[DirectChunk],
+        expires: Duration,
+    ) -> Result<Vec<ChunkUpload>, StorageError> {
+        self.block_on(async {
+            let mut uploads = Vec::with_capacity(chunks.len());
+            for chunk in chunks {
+                let path = self.path(&chunk.hash)?;
+                let url = self
+                    .signed(Method::PUT, &path, expires, CHECKSUM_HEADER, &chunk.sha256)
+                    .await?;
+                uploads.push(ChunkUpload {
+                    hash: chunk.hash.clone(),
+                    url,
+                    headers: [(CHECKSUM_HEADER.to_owned(), chunk.sha256.clone())].into(),
+                });
+            }
+            Ok(uploads)
+        })
+    }
+
+    fn confirm(&self, chunks: &[DirectChunk]) -> Result<Vec<Option<String>>, StorageError> {
+        self.block_on(async {
+            futures_util::stream::iter(chunks.iter().map(|c| self.confirm_one(c)))
+                .buffered(HEADS_IN_FLIGHT)
+                .try_collect()
+                .await
+        })
+    }
+
+    fn remove_unconfirmed(&self, hashes: &[String]) -> Result<(), StorageError> {
+        let paths = hashes
+            .iter()
+            .map(|h| self.path(h))
+            .collect::<Result<Vec<_>, _>>()?;
+        for hash in hashes {
+            self.known.forget(hash);
+        }
+        self.block_on(async {
+            futures_util::stream::iter(paths.iter().map(|p| async move {
+                match self.store.delete(p).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(failure(&self.url, "delete", p, e)),
+                }
+            }))
+            .buffered(HEADS_IN_FLIGHT)
+            .try_collect::<Vec<()>>()
+            .await
+        })?;
         Ok(())
     }
 

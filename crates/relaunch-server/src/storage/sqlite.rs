@@ -12,8 +12,9 @@
 use std::path::{Path, PathBuf};
 
 use relaunch_api::{
-    Ack, Batch, ChunkRef, DEFAULT_PROJECT, Event, FileInfo, FileManifest, Latest, LogLine,
-    RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery, Stream,
+    Ack, Batch, ChunkRef, DEFAULT_PROJECT, DirectChunk, Event, FileInfo, FileManifest, Latest,
+    LogLine, RunFilter, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesQuery,
+    Stream,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
@@ -622,6 +623,13 @@ impl Storage for SqliteStorage {
                 return Err(runs::file_or_folder(&run, &file.name, &other));
             }
             let chunks = runs::chunks_json(&file.chunks)?;
+            // Its chunks sent straight to the bucket are confirmed now.
+            let mut settle = conn
+                .prepare_cached("DELETE FROM pending_chunks WHERE hash = ?1")
+                .map_err(backend)?;
+            for chunk in &file.chunks {
+                settle.execute([&chunk.hash]).map_err(backend)?;
+            }
             conn.execute(
                 "INSERT OR REPLACE INTO files (run_id, name, size, blake3, chunks, n_chunks, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -681,6 +689,80 @@ impl Storage for SqliteStorage {
                 return Err(runs::no_file(run, name));
             };
             Ok((info, runs::chunks_from(&chunks, run, name)?))
+        })
+    }
+
+    fn pend_chunks(&self, chunks: &[DirectChunk], now: f64) -> Result<(), StorageError> {
+        let (chunks, now) = (chunks.to_vec(), now_or(now));
+        self.write(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "INSERT INTO pending_chunks (hash, size, sha256, handed_at)
+                     VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (hash) DO UPDATE SET size = excluded.size,
+                         sha256 = excluded.sha256, handed_at = excluded.handed_at",
+                )
+                .map_err(backend)?;
+            for c in &chunks {
+                let size = i64::try_from(c.size).unwrap_or(i64::MAX);
+                stmt.execute(params![c.hash, size, c.sha256, now])
+                    .map_err(backend)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn pending_chunks(&self, hashes: &[String]) -> Result<Vec<DirectChunk>, StorageError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached("SELECT size, sha256 FROM pending_chunks WHERE hash = ?1")
+                .map_err(backend)?;
+            let mut found = Vec::new();
+            for hash in hashes {
+                if let Some((size, sha256)) = stmt
+                    .query_row([hash], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .optional()
+                    .map_err(backend)?
+                {
+                    found.push(DirectChunk {
+                        hash: hash.clone(),
+                        size: size.max(0) as u64,
+                        sha256,
+                    });
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn stale_chunks(&self, before: f64, limit: usize) -> Result<Vec<String>, StorageError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT hash FROM pending_chunks WHERE handed_at < ?1
+                     ORDER BY handed_at LIMIT ?2",
+                )
+                .map_err(backend)?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = stmt
+                .query_map(params![before, limit], |r| r.get::<_, String>(0))
+                .map_err(backend)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(backend)
+        })
+    }
+
+    fn drop_stale_chunks(&self, hashes: &[String], before: f64) -> Result<(), StorageError> {
+        let hashes = hashes.to_vec();
+        self.write(move |conn| {
+            let mut stmt = conn
+                .prepare_cached("DELETE FROM pending_chunks WHERE hash = ?1 AND handed_at < ?2")
+                .map_err(backend)?;
+            for hash in &hashes {
+                stmt.execute(params![hash, before]).map_err(backend)?;
+            }
+            Ok(())
         })
     }
 

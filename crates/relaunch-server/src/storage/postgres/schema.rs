@@ -15,14 +15,21 @@ use crate::storage::StorageError;
 
 /// (version, what it adds, SQL), in order. A new version appends; a
 /// released script never changes.
-pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "runs, attempts, writers, metric chunks, console lines, events, files",
-    include_str!("migrations/0001_init.sql"),
-)];
+pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "runs, attempts, writers, metric chunks, console lines, events, files",
+        include_str!("migrations/0001_init.sql"),
+    ),
+    (
+        2,
+        "pending chunks: those sent straight to the bucket, not yet confirmed by a commit",
+        include_str!("migrations/0002_pending_chunks.sql"),
+    ),
+];
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Any fixed number: the key of the advisory lock that serializes
 /// migrations (`pg_advisory_xact_lock`), "relaunch" in ASCII.

@@ -17,14 +17,21 @@ use crate::storage::StorageError;
 
 /// (version, what it adds, SQL), in order. A new version appends; a
 /// released script never changes.
-const MIGRATIONS: &[(u32, &str, &str)] = &[(
-    1,
-    "runs, attempts, writers, metric chunks, latest values, console lines, events, files",
-    include_str!("migrations/0001_init.sql"),
-)];
+const MIGRATIONS: &[(u32, &str, &str)] = &[
+    (
+        1,
+        "runs, attempts, writers, metric chunks, latest values, console lines, events, files",
+        include_str!("migrations/0001_init.sql"),
+    ),
+    (
+        2,
+        "pending chunks: those sent straight to the bucket, not yet confirmed by a commit",
+        include_str!("migrations/0002_pending_chunks.sql"),
+    ),
+];
 
 /// The schema version this binary writes.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The schema version of an open database (0: before versions, or empty).
 pub(crate) fn version(conn: &Connection) -> Result<u32, StorageError> {
@@ -103,7 +110,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("relaunch.db");
         let conn = Connection::open(&path).unwrap();
-        assert_eq!(migrate(&conn, &path).unwrap(), vec![1]);
+        assert_eq!(migrate(&conn, &path).unwrap(), vec![1, 2]);
         assert_eq!(version(&conn).unwrap(), SCHEMA_VERSION);
         assert!(migrate(&conn, &path).unwrap().is_empty());
         conn.execute_batch("PRAGMA user_version = 99").unwrap();
