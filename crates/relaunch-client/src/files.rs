@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use relaunch_api::files::{Chunks, check_file_name};
-use relaunch_api::{ChunkRef, ChunkUpload, DirectChunk, FileInfo, FileManifest, MissingChunks};
+use relaunch_api::{ChunkRef, ChunkUpload, DirectChunk, FileInfo, FileManifest};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -25,7 +25,7 @@ pub const PARALLEL: usize = 8;
 const TRIES: u32 = 5;
 /// Chunks cut and hashed ahead of the senders (bounds the memory an upload
 /// holds: about this many chunks, plus those in flight).
-const AHEAD: usize = 8;
+const AHEAD: usize = 16;
 /// Most chunks asked about in one `POST /chunks/missing`.
 const BATCH: usize = 256;
 
@@ -176,6 +176,9 @@ impl DirectMode {
 static BUCKET_UNREACHABLE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// Set once a chunk reached the bucket from this process.
+static BUCKET_REACHED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn bucket_unreachable(reason: &str) {
     if !BUCKET_UNREACHABLE.swap(true, std::sync::atomic::Ordering::Relaxed) {
         tracing::warn!(
@@ -218,6 +221,9 @@ async fn upload_once(
     let (mut done, mut sent_chunks, mut sent_bytes) = (0u64, 0usize, 0u64);
     progress(done, total);
     let mut finished = false;
+    // Whether the server takes chunks straight into its bucket: its first
+    // answer says.
+    let mut server_direct: Option<bool> = None;
     while !finished || !sends.is_empty() {
         tokio::select! {
             biased;
@@ -244,57 +250,34 @@ async fn upload_once(
                     .filter(|h| seen.insert(h.chunk.hash.clone()))
                     .map(|h| h.chunk.hash.clone())
                     .collect();
-                let answer = if new.is_empty() {
-                    MissingChunks::default()
-                } else {
-                    client.missing_chunks(new).await?
+                let bucket_ok = match mode {
+                    DirectMode::Off => false,
+                    DirectMode::On => true,
+                    DirectMode::Auto => !BUCKET_UNREACHABLE.load(std::sync::atomic::Ordering::Relaxed),
                 };
-                if mode == DirectMode::On && !answer.direct && !answer.missing.is_empty() {
-                    return Err(ClientError::Config(format!(
-                        "{DIRECT_ENV}=on, but the server at {} takes chunks itself (it has no \
-                         bucket, or was started with --no-direct-uploads); unset {DIRECT_ENV}",
-                        client.url()
-                    )));
-                }
-                let mut missing: HashSet<String> = answer.missing.into_iter().collect();
-                let direct = answer.direct
-                    && !missing.is_empty()
-                    && match mode {
-                        DirectMode::Off => false,
-                        DirectMode::On => true,
-                        DirectMode::Auto => {
-                            !BUCKET_UNREACHABLE.load(std::sync::atomic::Ordering::Relaxed)
-                        }
-                    };
-                let mut urls: HashMap<String, (ChunkUpload, DirectChunk)> = HashMap::new();
-                if direct {
-                    let todo: Vec<(ChunkRef, Bytes)> = batch
-                        .iter()
-                        .filter(|h| missing.contains(&h.chunk.hash))
-                        .map(|h| (h.chunk.clone(), h.data.clone()))
-                        .collect();
-                    let sums = tokio::task::spawn_blocking(move || {
-                        let mut once = HashSet::new();
-                        todo.into_iter()
-                            .filter(|(c, _)| once.insert(c.hash.clone()))
-                            .map(|(c, data)| DirectChunk {
-                                sha256: sha256_base64(&data),
-                                hash: c.hash,
-                                size: c.size,
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                    .await
-                    .map_err(|e| ClientError::Config(format!("a checksum task failed: {e}")))?;
-                    let by_hash: HashMap<String, DirectChunk> =
-                        sums.iter().map(|c| (c.hash.clone(), c.clone())).collect();
-                    let answer = client.chunk_uploads(sums).await?;
-                    for upload in answer.uploads {
-                        if let Some(chunk) = by_hash.get(&upload.hash) {
-                            urls.insert(upload.hash.clone(), (upload, chunk.clone()));
-                        }
+                // Once the server said it takes chunks into its bucket, one
+                // request asks what it lacks and gets their URLs at once.
+                let mut missing: HashSet<String> = if new.is_empty() {
+                    HashSet::new()
+                } else if server_direct == Some(true) && bucket_ok {
+                    new.iter().cloned().collect()
+                } else {
+                    let answer = client.missing_chunks(new).await?;
+                    server_direct = Some(answer.direct);
+                    if mode == DirectMode::On && !answer.direct && !answer.missing.is_empty() {
+                        return Err(ClientError::Config(format!(
+                            "{DIRECT_ENV}=on, but the server at {} takes chunks itself (it has \
+                             no bucket, or was started with --no-direct-uploads); unset \
+                             {DIRECT_ENV}",
+                            client.url()
+                        )));
                     }
-                    // No URL: stored by now (another upload's), nothing to send.
+                    answer.missing.into_iter().collect()
+                };
+                let mut urls: HashMap<String, (ChunkUpload, DirectChunk)> = HashMap::new();
+                if server_direct == Some(true) && bucket_ok && !missing.is_empty() {
+                    urls = direct_urls(client, &batch, &missing).await?;
+                    // No URL: stored by now, nothing to send.
                     missing.retain(|h| urls.contains_key(h));
                     *direct_used |= !urls.is_empty();
                 }
@@ -386,6 +369,42 @@ async fn send_chunk(client: &Client, chunk: &ChunkRef, data: Bytes) -> Result<()
     unreachable!("the last try returns")
 }
 
+/// URLs for those of `batch` in `wanted` that the server's bucket lacks,
+/// each with the SHA-256 it is bound to (computed here, off the async
+/// threads); the server gives none for chunks it has.
+async fn direct_urls(
+    client: &Client,
+    batch: &[Hashed],
+    wanted: &HashSet<String>,
+) -> Result<HashMap<String, (ChunkUpload, DirectChunk)>, ClientError> {
+    let todo: Vec<(ChunkRef, Bytes)> = batch
+        .iter()
+        .filter(|h| wanted.contains(&h.chunk.hash))
+        .map(|h| (h.chunk.clone(), h.data.clone()))
+        .collect();
+    let sums = tokio::task::spawn_blocking(move || {
+        let mut once = HashSet::new();
+        todo.into_iter()
+            .filter(|(c, _)| once.insert(c.hash.clone()))
+            .map(|(c, data)| DirectChunk {
+                sha256: sha256_base64(&data),
+                hash: c.hash,
+                size: c.size,
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| ClientError::Config(format!("a checksum task failed: {e}")))?;
+    let mut by_hash: HashMap<String, DirectChunk> =
+        sums.iter().map(|c| (c.hash.clone(), c.clone())).collect();
+    let answer = client.chunk_uploads(sums).await?;
+    Ok(answer
+        .uploads
+        .into_iter()
+        .filter_map(|u| by_hash.remove(&u.hash).map(|c| (u.hash.clone(), (u, c))))
+        .collect())
+}
+
 /// Sends one chunk straight to the bucket through its presigned URL:
 /// again after a damaged transfer or a failure that may pass, with a new
 /// URL once its time ran out, and through the server instead when the
@@ -405,7 +424,10 @@ async fn send_direct(
     for attempt in 1..=TRIES {
         let outcome = client.put_to_bucket(&upload, data.clone()).await;
         let reason = match outcome {
-            BucketPut::Stored => return Ok(()),
+            BucketPut::Stored => {
+                BUCKET_REACHED.store(true, std::sync::atomic::Ordering::Relaxed);
+                return Ok(());
+            }
             BucketPut::Expired => {
                 let fresh = client.chunk_uploads(vec![chunk.clone()]).await?;
                 match fresh.uploads.into_iter().next() {
@@ -414,13 +436,17 @@ async fn send_direct(
                 }
                 continue;
             }
+            // Never reached from here (a firewall, a proxy, a private
+            // endpoint): through the server. Once reached, losing it is an
+            // outage, waited out like the server's.
             BucketPut::Unreachable(reason) | BucketPut::Refused(reason)
-                if mode == DirectMode::Auto =>
+                if mode == DirectMode::Auto
+                    && !BUCKET_REACHED.load(std::sync::atomic::Ordering::Relaxed) =>
             {
                 bucket_unreachable(&reason);
                 return send_chunk(client, &through_server, data).await;
             }
-            BucketPut::Refused(reason) => {
+            BucketPut::Refused(reason) if mode == DirectMode::On => {
                 return Err(ClientError::Config(format!(
                     "the server's bucket refused chunk {} ({reason}); unset {DIRECT_ENV} to send \
                      it through the server",
@@ -429,7 +455,8 @@ async fn send_direct(
             }
             BucketPut::Damaged(reason)
             | BucketPut::Failed(reason)
-            | BucketPut::Unreachable(reason) => reason,
+            | BucketPut::Unreachable(reason)
+            | BucketPut::Refused(reason) => reason,
         };
         if attempt == TRIES {
             return Err(ClientError::Unreachable {

@@ -246,21 +246,46 @@ pub(crate) async fn uploads(
     for chunk in &query.chunks {
         check_direct_chunk(chunk).map_err(AppError::BadRequest)?;
     }
-    let hashes: Vec<String> = query.chunks.iter().map(|c| c.hash.clone()).collect();
-    let missing: std::collections::HashSet<String> =
-        missing_of(&state, hashes).await?.into_iter().collect();
+    // Recorded as pending before the bucket is asked whether they are
+    // there: a commit that stores one meanwhile removes its row, so the
+    // collector never deletes a chunk some file holds. Those found stored
+    // get no URL (nothing stored is overwritten through one) and lose the
+    // row again.
     let mut seen = std::collections::HashSet::new();
-    let wanted: Vec<DirectChunk> = query
+    let asked: Vec<DirectChunk> = query
         .chunks
         .into_iter()
-        .filter(|c| missing.contains(&c.hash) && seen.insert(c.hash.clone()))
+        .filter(|c| seen.insert(c.hash.clone()))
         .collect();
-    if !wanted.is_empty() {
-        let pend = wanted.clone();
-        crate::api::blocking(&state.storage, move |s| s.pend_chunks(&pend, now())).await?;
-    }
+    let hashes: Vec<String> = asked.iter().map(|c| c.hash.clone()).collect();
+    let handed = now();
+    let before: std::collections::HashSet<String> = {
+        let (pend, hashes) = (asked.clone(), hashes.clone());
+        crate::api::blocking(&state.storage, move |s| {
+            let before = s.pending_chunks(&hashes)?;
+            s.pend_chunks(&pend, handed)?;
+            Ok(before)
+        })
+        .await?
+        .into_iter()
+        .map(|c| c.hash)
+        .collect()
+    };
+    // One trip to the bucket's thread: which are there, and URLs for the rest.
     let expires = direct.expires;
-    let uploads = on_blobs(&state.files, move |b| b.presign(&wanted, expires)).await?;
+    let (uploads, stored) = on_blobs(&state.files, move |b| {
+        let absent: std::collections::HashSet<String> = b.missing(&hashes)?.into_iter().collect();
+        let (wanted, stored): (Vec<DirectChunk>, Vec<DirectChunk>) = asked
+            .into_iter()
+            .partition(|c| absent.contains(&c.hash) || before.contains(&c.hash));
+        Ok((b.presign(&wanted, expires)?, stored))
+    })
+    .await?;
+    if !stored.is_empty() {
+        let stored: Vec<String> = stored.into_iter().map(|c| c.hash).collect();
+        let until = handed + 1e-3;
+        crate::api::blocking(&state.storage, move |s| s.drop_stale_chunks(&stored, until)).await?;
+    }
     Ok(Json(ChunkUploads {
         uploads,
         expires_in: expires.as_secs(),
