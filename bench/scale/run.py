@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -85,6 +86,17 @@ WORKLOAD = ROOT / "bench" / "tracking" / "workload.py"
 FILES_CLIENT = ROOT / "bench" / "files" / "clients.py"
 BOTO3_CLIENT = HERE / "boto3_upload.py"
 WRITERS = 8
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` and its children so far."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = sum(proc.cpu_times()[:2])
+    for child in proc.children(recursive=True):
+        total += sum(child.cpu_times()[:2])
+    return total
 
 
 def fmt(value: float, unit: str) -> str:
@@ -373,8 +385,12 @@ class Bench:
         post_json(f"{server.url}/api/v1/runs", {"id": run, "attempt_token": "t"})
         return server, run
 
-    def relaunch_upload(self, url: str, run: str, path: Path, name: str) -> dict:
-        return run_json([str(PY), str(FILES_CLIENT), "relaunch", url, run, str(path), name])
+    def relaunch_upload(
+        self, url: str, run: str, path: Path, name: str, direct: str = "auto"
+    ) -> dict:
+        env = {**os.environ, "RELAUNCH_DIRECT_UPLOADS": direct}
+        command = [str(PY), str(FILES_CLIENT), "relaunch", url, run, str(path), name]
+        return run_json(command, env=env)
 
     def boto3_upload(self, path: Path, key: str) -> dict:
         env = {**os.environ, **self.s3.env}
@@ -382,6 +398,10 @@ class Bench:
         return run_json(command, env=env)
 
     def uploads(self) -> None:
+        """1 GiB into S3: relaunch straight to the bucket (the default), relaunch
+        through the server (RELAUNCH_DIRECT_UPLOADS=off) and boto3, rotated;
+        the server's CPU time per GiB on each relaunch path; then 8 ranks at
+        once against 8 boto3 uploaders."""
         a = self.a
         self.rss.phase = "upload"
         src = self.work / "random.bin"
@@ -389,32 +409,89 @@ class Bench:
             for _ in range(a.upload_mib // 64):
                 f.write(os.urandom(64 * MIB))
         size = src.stat().st_size
-        results: dict[str, list[dict]] = {"relaunch": [], "boto3": []}
+        gib = size / (1024 * MIB)
+        sides = ["direct", "proxied", "boto3"]
+        results: dict[str, list[dict]] = {s: [] for s in sides}
+        for i in range(a.repeat):
+            for side in rotated(sides, i):
+                os.sync()
+                if side == "boto3":
+                    r = self.boto3_upload(src, f"boto3-{i}/random.bin")
+                else:
+                    server, run = self.upload_server(f"upload_{side}_{i}", f"upload-{side}-{i}")
+                    try:
+                        before = server_cpu(server.pid)
+                        mode = "on" if side == "direct" else "off"
+                        r = self.relaunch_upload(server.url, run, src, "random.bin", mode)
+                        r["server_cpu_s_per_gib"] = (server_cpu(server.pid) - before) / gib
+                    finally:
+                        self.release(server)
+                    r["s3_objects"], r["s3_bytes"] = self.s3.prefix_bytes(f"upload-{side}-{i}/")
+                    assert r["sent_bytes"] == size, r
+                results[side].append(r)
+                cpu = r.get("server_cpu_s_per_gib")
+                said = "" if cpu is None else f", server CPU {cpu:.2f} s/GiB"
+                print(f"  upload {side}: {r['seconds']:.2f} s{said}", flush=True)
+        self.raw["upload"] = results
+        secs = {s: [r["seconds"] for r in results[s]] for s in results}
+        peer = statistics.median(secs["boto3"])
+        self.row(f"upload {a.upload_mib} MiB of random bytes into S3, chunks straight to the "
+                 "bucket (relaunch.upload_file)", "s", "lower", secs["direct"],
+                 "boto3 upload_file straight into the same SeaweedFS", secs["boto3"],
+                 ">= 1x", peer / statistics.median(secs["direct"]) >= 1)  # fmt: skip
+        self.row(f"upload {a.upload_mib} MiB through the server (RELAUNCH_DIRECT_UPLOADS=off)",
+                 "s", "lower", secs["proxied"],
+                 "boto3 upload_file straight into the same SeaweedFS", secs["boto3"])  # fmt: skip
+        cpu = {s: [r["server_cpu_s_per_gib"] for r in results[s]] for s in ("direct", "proxied")}
+        share = statistics.median(cpu["direct"]) / statistics.median(cpu["proxied"])
+        self.row("server CPU per uploaded GiB, chunks straight to the bucket", "s", "lower",
+                 cpu["direct"], "the same server, chunks through it", cpu["proxied"],
+                 "<= 10%", share <= 0.10)  # fmt: skip
+        src.unlink()
+        self.reuploads()
+
+    def parallel_uploads(self, ranks: int = 8) -> None:
+        """`ranks` files of random bytes uploaded at once (every chunk is
+        sent), relaunch straight to the bucket against `ranks` boto3
+        uploaders; the time until the last one finished."""
+        a = self.a
+        self.rss.phase = "ranks"
+        copies = []
+        for r in range(ranks):
+            copy = self.work / f"rank{r}.bin"
+            with open(copy, "wb") as g:
+                for _ in range(a.rank_mib // 64):
+                    g.write(os.urandom(64 * MIB))
+            copies.append(copy)
+        walls: dict[str, list[float]] = {"relaunch": [], "boto3": []}
         for i in range(a.repeat):
             for side in rotated(["relaunch", "boto3"], i):
                 os.sync()
                 if side == "relaunch":
-                    server, run = self.upload_server(f"upload_{i}", f"upload-{i}")
-                    try:
-                        r = self.relaunch_upload(server.url, run, src, "random.bin")
-                    finally:
+                    server, run = self.upload_server(f"ranks_{i}", f"ranks-{i}")
+                try:
+                    started = time.perf_counter()
+                    with ThreadPoolExecutor(ranks) as pool:
+                        if side == "relaunch":
+                            jobs = [pool.submit(self.relaunch_upload, server.url, run, c,
+                                                c.name, "on") for c in copies]  # fmt: skip
+                        else:
+                            jobs = [pool.submit(self.boto3_upload, c, f"ranks-boto3-{i}/{c.name}")
+                                    for c in copies]  # fmt: skip
+                        for job in jobs:
+                            job.result()
+                    walls[side].append(time.perf_counter() - started)
+                finally:
+                    if side == "relaunch":
                         self.release(server)
-                    r["s3_objects"], r["s3_bytes"] = self.s3.prefix_bytes(f"upload-{i}/")
-                    assert r["sent_bytes"] == size, r
-                else:
-                    r = self.boto3_upload(src, f"boto3-{i}/random.bin")
-                results[side].append(r)
-                print(f"  upload {side}: {r['seconds']:.2f} s", flush=True)
-        src.unlink()
-        self.raw["upload"] = results
-        secs = {s: [r["seconds"] for r in results[s]] for s in results}
-        ours = statistics.median(secs["relaunch"])
-        ratio = statistics.median(secs["boto3"]) / ours
-        self.row(f"upload {a.upload_mib} MiB of random bytes into S3 through the server "
-                 "(relaunch.upload_file)", "s", "lower", secs["relaunch"],
-                 "boto3 upload_file straight into the same SeaweedFS", secs["boto3"],
-                 ">= 1x", ratio >= 1)  # fmt: skip
-        self.reuploads()
+                print(f"  {ranks} ranks {side}: {walls[side][-1]:.2f} s", flush=True)
+        for copy in copies:
+            copy.unlink()
+        ratio = statistics.median(walls["boto3"]) / statistics.median(walls["relaunch"])
+        self.row(f"{ranks} ranks upload {a.rank_mib} MiB each at once, straight to the bucket "
+                 "(wall time, process start included)", "s", "lower", walls["relaunch"],
+                 f"{ranks} boto3 upload_file at once, same files", walls["boto3"],
+                 ">= 0.9x", ratio >= 0.9)  # fmt: skip
 
     def reuploads(self) -> None:
         a = self.a
@@ -454,7 +531,7 @@ class Bench:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def rss_rows(self) -> None:
-        for phase in ("ingest", "read", "upload"):
+        for phase in ("ingest", "read", "upload", "ranks"):
             if phase in self.rss.max_kib:
                 mib = self.rss.phase_max_mib(phase)
                 by = {n: k / 1024 for n, k in self.rss.max_kib[phase].items()}
@@ -470,7 +547,10 @@ def versions(pg: Postgres | None, s3: SeaweedS3 | None) -> dict:
     commit = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     out = {"relaunch": f"{m.version('relaunch')} ({commit})"}
     for p in ("mlflow", "boto3", "psycopg2-binary"):
-        out[p] = m.version(p)
+        try:
+            out[p] = m.version(p)
+        except m.PackageNotFoundError:
+            out[p] = None  # not needed by the phases run
     out["postgresql"] = pg.version if pg else None
     out["seaweedfs"] = " ".join(s3.version) if s3 else None
     return out
@@ -480,7 +560,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one repeat of small sizes")
-    p.add_argument("--only", default="ingest,read,upload", help="phases to run")
+    p.add_argument("--only", default="ingest,read,upload,ranks", help="phases to run")
     p.add_argument("--keys", type=int, default=10, help="values per step, ingest")
     p.add_argument("--steps", type=int, default=50_000, help="steps per relaunch writer")
     p.add_argument("--mlflow-steps", type=int, default=1_000, help="steps per mlflow writer")
@@ -488,6 +568,7 @@ def main() -> None:
     p.add_argument("--buckets", type=int, default=1_000)
     p.add_argument("--loaders", type=int, default=4, help="writers loading the long series")
     p.add_argument("--upload-mib", type=int, default=1024, help="the uploaded file, MiB")
+    p.add_argument("--rank-mib", type=int, default=256, help="each of 8 ranks' file, MiB")
     p.add_argument("--ckpt-mib", type=int, default=360, help="the re-uploaded checkpoint, MiB")
     p.add_argument("--scratch", type=Path, default=ROOT / "bench" / "out")
     a = p.parse_args()
@@ -496,7 +577,7 @@ def main() -> None:
         a.steps, a.mlflow_steps, a.points = 5_000, 250, 1_000_000
         a.upload_mib, a.ckpt_mib = 256, 64
     only = set(a.only.split(","))
-    for tool in ("relaunch", "mlflow", "weed"):
+    for tool in ("relaunch", "weed", *(["mlflow"] if "ingest" in only else [])):
         if not (BIN / tool).exists():
             raise SystemExit(f"{BIN / tool} is missing: see the install line in this file's doc")
     # A SIGTERM runs the clean-up below like ^C does.
@@ -510,7 +591,7 @@ def main() -> None:
     vers: dict = {}
     try:
         bench.pg = bench.keep(Postgres())
-        if "upload" in only:
+        if only & {"upload", "ranks"}:
             bench.s3 = bench.keep(SeaweedS3(BIN / "weed"))
         vers = versions(bench.pg, bench.s3)
         print(f"# scale benchmark, {os.cpu_count()} CPUs, median of {a.repeat}, {vers}",
@@ -521,6 +602,8 @@ def main() -> None:
             bench.reads()
         if "upload" in only:
             bench.uploads()
+        if "ranks" in only:
+            bench.parallel_uploads()
         bench.rss_rows()
     finally:
         bench.close()
@@ -534,7 +617,12 @@ def main() -> None:
         "rows": bench.rows,
         "raw": bench.raw,
     }
-    write_result("scale.quick" if a.quick else "scale", result)
+    name = (
+        "scale"
+        if only == {"ingest", "read", "upload", "ranks"}
+        else f"scale.{'-'.join(sorted(only))}"
+    )
+    write_result(f"{name}.quick" if a.quick else name, result)
     print("\n| figure | relaunch | peer | peer's figure | ratio | target | met? |")
     print("|---|---|---|---|---|---|---|")
     for r in bench.rows:
