@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
-import http.server
 import json
 import os
 import secrets
-import threading
-import time
+import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TrackingServer, wait_for
+from forward_proxy import ForwardProxy
 from test_files import cli, new_run, random_file, request
 
 import relaunch
@@ -236,63 +234,11 @@ def test_chunks_never_committed_are_collected_and_the_upload_still_succeeds(s3_s
     assert out.returncode != 0 and "--unconfirmed-grace" in out.stderr, out.stderr
 
 
-class HoldingProxy(http.server.ThreadingHTTPServer):
-    """A forward proxy for plain HTTP that holds the first PUT of each
-    object to the bucket for ``hold`` seconds, longer than the URLs live."""
-
-    def __init__(self, bucket_port: int, hold: float) -> None:
-        super().__init__(("127.0.0.1", 0), _Forward)
-        self.bucket_port, self.hold = bucket_port, hold
-        self.held: set[str] = set()
-        self.lock = threading.Lock()
-        self.refused = 0
-
-
-class _Forward(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: HoldingProxy
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def forward(self) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.command == "PUT" and url.port == self.server.bucket_port:
-            with self.server.lock:
-                first = url.path not in self.server.held
-                self.server.held.add(url.path)
-            if first:
-                time.sleep(self.server.hold)
-        skip = {"proxy-connection", "connection", "keep-alive", "host"}
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-        target = url.path + (f"?{url.query}" if url.query else "")
-        conn.request(self.command, target, body=body if body else None, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        conn.close()
-        if self.command == "PUT" and response.status == 403:
-            with self.server.lock:
-                self.server.refused += 1
-        self.send_response(response.status)
-        for k, v in response.getheaders():
-            if k.lower() not in {"transfer-encoding", "connection", "content-length"}:
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = forward
-
-
 def test_a_url_that_expired_on_the_way_is_asked_for_again(s3_server, tmp_path):
     server = s3_server("--upload-url-expiry", "1", "--unconfirmed-grace", "60")
     new_run(server, "r")
     bucket_port = urllib.parse.urlsplit(os.environ["AWS_ENDPOINT_URL"]).port
-    proxy = HoldingProxy(bucket_port, hold=2.0)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    proxy = ForwardProxy(hold_port=bucket_port, hold=2.0)
     try:
         via = f"http://127.0.0.1:{proxy.server_address[1]}"
         env = {
@@ -306,8 +252,39 @@ def test_a_url_that_expired_on_the_way_is_asked_for_again(s3_server, tmp_path):
         path = random_file(tmp_path / "w.bin", 3 * MiB, seed=11)
         out = cli("files", "put", "r", path, "--server", server.url, env=env)
         assert out.returncode == 0, out.stderr
-        assert proxy.refused >= 1  # the bucket did refuse the late PUTs
+        assert proxy.statuses("PUT", 403) >= 1  # the bucket did refuse the late PUTs
     finally:
         proxy.shutdown()
     got = relaunch.download("r", "w.bin", tmp_path / "back.bin", server=server.url)
     assert got.path.read_bytes() == path.read_bytes()
+
+
+def test_a_client_that_cannot_reach_the_bucket_sends_through_the_server(s3_server, tmp_path):
+    """The server is reachable (``localhost``, outside the proxy), the
+    bucket only through a proxy that is down: the client falls back to the
+    server for every chunk, says so once, and the file arrives whole."""
+    server = s3_server()
+    new_run(server, "r")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {
+        **os.environ,
+        "http_proxy": dead,
+        "HTTP_PROXY": dead,
+        "no_proxy": "localhost",
+        "NO_PROXY": "localhost",
+    }
+    env.pop("RELAUNCH_DIRECT_UPLOADS", None)
+    path = random_file(tmp_path / "w.bin", 6 * MiB, seed=12)
+    via_name = f"http://localhost:{server.port}"
+    out = cli("files", "put", "r", path, "--server", via_name, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("through the server from now on") == 1, out.stderr
+    got = relaunch.download("r", "w.bin", tmp_path / "back.bin", server=server.url)
+    assert got.path.read_bytes() == path.read_bytes()
+    # "on" refuses to go around the bucket.
+    on = {**env, "RELAUNCH_DIRECT_UPLOADS": "on"}
+    other = random_file(tmp_path / "x.bin", 2 * MiB, seed=13)
+    out = cli("files", "put", "r", other, "--server", via_name, env=on)
+    assert out.returncode != 0 and "not stored after" in out.stderr, out.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TrackingServer, wait_for
+from forward_proxy import ForwardProxy
 
 import relaunch
 
@@ -207,6 +208,36 @@ def test_transfers_go_through_an_http_proxy(tracking_server, proxy, tmp_path):
     out = cli("files", "ls", "r", "--server", down, env=around)
     assert out.returncode == 1 and "cannot reach" in out.stderr, out.stderr
     assert "proxy" not in out.stderr, out.stderr
+
+
+def test_a_server_short_of_memory_answers_503_and_the_upload_waits_for_it(
+    tracking_servers, tmp_path
+):
+    """Chunks arrive faster than a server with 4 MiB for request bodies
+    can hold them: it answers 503 with Retry-After, the client waits as
+    asked and sends again, and the file arrives whole (seen through a
+    proxy that counts the answers)."""
+    four = str(4 * MiB)
+    server = tracking_servers("--max-request-bytes", four, "--max-body-memory", four)
+    new_run(server, "r")
+    proxy = ForwardProxy()
+    try:
+        via = {
+            **os.environ,
+            "http_proxy": proxy.url,
+            "HTTP_PROXY": proxy.url,
+            "no_proxy": "",
+            "NO_PROXY": "",
+            "RELAUNCH_DIRECT_UPLOADS": "off",  # every byte through the server
+        }
+        path = random_file(tmp_path / "w.bin", 24 * MiB, seed=21)
+        out = cli("files", "put", "r", path, "--server", server.url, env=via)
+        assert out.returncode == 0, out.stderr
+        assert proxy.statuses("PUT", 503) >= 1, proxy.answers
+    finally:
+        proxy.shutdown()
+    got = relaunch.download("r", "w.bin", tmp_path / "back.bin", server=server.url)
+    assert got.path.read_bytes() == path.read_bytes()
 
 
 @pytest.mark.local_storage
