@@ -703,24 +703,24 @@ def test_a_late_node_is_admitted_at_the_next_round(launcher, tmp_path):
     assert [r["step"] for r in reports] == [119] * 4
 
 
-def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
+def two_nodes_training(launcher, tmp_path, run_id: str, conf: str):
+    """Two elastic nodes (``--max-restarts 1``) of ``examples/train.py``,
+    both in attempt 0 and past step 19: (host, other)."""
     port = free_port()
     ckpt = tmp_path / "ckpt"
     args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
     extra = ("--max-restarts", "1")
-    conf = "last_call_timeout=5"
-    host = elastic(launcher, port, "elastic-lost", *args, extra=extra, conf=conf)
+    host = elastic(launcher, port, run_id, *args, extra=extra, conf=conf)
     wait_for(lambda: listening(port), 60, "the first node to host the store")
-    other = elastic(
-        launcher,
-        port,
-        "elastic-lost",
-        *args,
-        extra=(*extra, "--log-dir", tmp_path / "logs"),
-        conf=conf,
-    )
+    logs = ("--log-dir", tmp_path / "logs")
+    other = elastic(launcher, port, run_id, *args, extra=(*extra, *logs), conf=conf)
     in_first_round(tmp_path / "logs")
     wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
+    return host, other
+
+
+def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
+    host, other = two_nodes_training(launcher, tmp_path, "elastic-lost", "last_call_timeout=5")
     other.kill()  # the node dies: its launcher by SIGKILL, its workers with it
     code, out, err = finish(host)
     assert code == 0, err
@@ -731,23 +731,8 @@ def test_survivors_go_on_when_a_node_dies(launcher, tmp_path):
 
 
 def test_a_hung_node_is_left_out_after_its_heartbeats_stop(launcher, tmp_path):
-    port = free_port()
-    ckpt = tmp_path / "ckpt"
-    args = ("--ckpt-dir", ckpt, "--steps", "120", "--step-time", "0.05", "--out", tmp_path / "out")
     conf = "last_call_timeout=5,keep_alive_timeout=3"
-    extra = ("--max-restarts", "1")
-    host = elastic(launcher, port, "elastic-hung", *args, extra=extra, conf=conf)
-    wait_for(lambda: listening(port), 60, "the first node to host the store")
-    other = elastic(
-        launcher,
-        port,
-        "elastic-hung",
-        *args,
-        extra=(*extra, "--log-dir", tmp_path / "logs"),
-        conf=conf,
-    )
-    in_first_round(tmp_path / "logs")
-    wait_for(lambda: (ckpt / "step_19.pt").exists(), 120, "both nodes to train")
+    host, other = two_nodes_training(launcher, tmp_path, "elastic-hung", conf)
     frozen = [other.pid, *children(other.pid)]
     for pid in frozen:  # the node hangs: nothing of it runs, nothing closes
         os.kill(pid, signal.SIGSTOP)
