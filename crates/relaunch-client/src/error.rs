@@ -29,6 +29,12 @@ pub enum ClientError {
     Config(String),
     #[error("cannot reach the tracking server at {url}: {reason}")]
     Unreachable { url: String, reason: String },
+    /// A chunk sent straight to the server's bucket did not get there.
+    #[error(
+        "cannot store a chunk in the server's bucket at {url}: {reason} (RELAUNCH_DIRECT_UPLOADS=off \
+         sends chunks through the server instead)"
+    )]
+    Bucket { url: String, reason: String },
     #[error("the tracking server refused {what} ({status}): {message}")]
     Status {
         status: u16,
@@ -65,7 +71,7 @@ impl ClientError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Config(_) => ErrorKind::Config,
-            Self::Unreachable { .. } => ErrorKind::Unavailable,
+            Self::Unreachable { .. } | Self::Bucket { .. } => ErrorKind::Unavailable,
             Self::Status { status, .. } => match status {
                 400 | 422 => ErrorKind::BadRequest,
                 401 | 403 => ErrorKind::Unauthorized,

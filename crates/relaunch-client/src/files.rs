@@ -459,7 +459,7 @@ async fn send_direct(
             | BucketPut::Refused(reason) => reason,
         };
         if attempt == TRIES {
-            return Err(ClientError::Unreachable {
+            return Err(ClientError::Bucket {
                 url: bucket_of(&upload.url),
                 reason: format!(
                     "chunk {} not stored after {TRIES} tries: {reason}",
@@ -471,7 +471,15 @@ async fn send_direct(
         tokio::time::sleep(crate::http::retry_pause(pause, None)).await;
         pause = (pause * 2).min(Duration::from_secs(8));
     }
-    unreachable!("the last try returns")
+    // Only a URL that expired on the last try ends here.
+    Err(ClientError::Bucket {
+        url: bucket_of(&upload.url),
+        reason: format!(
+            "chunk {}: {TRIES} URLs in a row expired before the bucket saw them; is this \
+             machine's clock or the server's far off?",
+            chunk.hash
+        ),
+    })
 }
 
 /// The bucket's address in a presigned URL, without the signature.
