@@ -157,7 +157,7 @@ fn server_refuses_a_data_dir_a_newer_relaunch_wrote() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("schema version 7")
-            && stderr.contains("knows up to 1")
+            && stderr.contains("knows up to 2")
             && stderr.contains("newer relaunch wrote it"),
         "{stderr}"
     );
