@@ -66,15 +66,6 @@ pub struct Direct {
     pub grace: Duration,
 }
 
-impl Default for Direct {
-    fn default() -> Self {
-        Self {
-            expires: Duration::from_secs(3600),
-            grace: Duration::from_secs(24 * 3600),
-        }
-    }
-}
-
 impl std::fmt::Debug for FileStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileStore")
@@ -118,11 +109,6 @@ impl FileStore {
         }
         self.direct = direct.filter(|_| self.blobs.takes_direct());
         Ok(self)
-    }
-
-    /// Whether clients are handed URLs to the bucket.
-    pub fn direct(&self) -> Option<Direct> {
-        self.direct
     }
 
     /// Chunks in an S3-compatible bucket (`--blobs s3://BUCKET/PREFIX`,
