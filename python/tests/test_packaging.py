@@ -128,3 +128,89 @@ def test_architectures_codemap_lists_every_file_as_it_says_of_itself():
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
+
+
+def _module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in edges:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def _rust_module_edges(src: Path) -> dict[str, set[str]]:
+    """Top-level module -> the top-level modules its code names through
+    `crate::` (doc comments and the unit tests left out)."""
+    import re
+
+    edges: dict[str, set[str]] = {}
+    for path in sorted(src.rglob("*.rs")):
+        top = path.relative_to(src).parts[0].removesuffix(".rs")
+        if top in ("lib", "main"):
+            continue
+        text = re.split(r"#\[cfg\(test\)\]\s*(?:pub(?:\(crate\))? )?mod tests", path.read_text())[0]
+        code = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+        named = set(re.findall(r"crate::([a-z_][a-z0-9_]*)", code))
+        for group in re.findall(r"crate::\{([^}]*)\}", code):
+            named |= set(re.findall(r"(?:^|,)\s*([a-z_][a-z0-9_]*)", group))
+        edges.setdefault(top, set()).update(named - {top})
+    return edges
+
+
+def test_no_module_imports_itself_through_others():
+    """Within each crate, and within the Python package's module-level
+    imports, modules form a DAG (ARCHITECTURE.md, Invariants): a cycle
+    added later fails here, naming its modules."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    found = {}
+    for crate in sorted((root / "crates").iterdir()):
+        if (crate / "src").is_dir():
+            cycles = _module_cycles(_rust_module_edges(crate / "src"))
+            if cycles:
+                found[crate.name] = cycles
+    package = root / "python" / "relaunch"
+    edges: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        name = ".".join(path.relative_to(package).with_suffix("").parts)
+        name = name.removesuffix(".__init__").removesuffix("__init__") or "relaunch"
+        targets = set()
+        for line in path.read_text().splitlines():  # column 0: module level
+            m = re.match(r"from relaunch(\.[\w.]+)? import ([\w, ()]+)", line)
+            if m and m.group(1):
+                targets.add(m.group(1)[1:])
+            m2 = re.match(r"import relaunch\.([\w.]+)", line)
+            if m2:
+                targets.add(m2.group(1))
+        edges[name] = targets - {name}
+    cycles = _module_cycles(edges)
+    if cycles:
+        found["python/relaunch"] = cycles
+    assert not found, f"module import cycles: {found}"

@@ -14,12 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Smallest chunk FastCDC cuts (except a file's last).
-pub const CHUNK_MIN: usize = 256 * 1024;
-/// The chunk size FastCDC aims at.
-pub const CHUNK_AVG: usize = 1024 * 1024;
-/// Largest chunk FastCDC cuts, and the largest `PUT /chunks/{hash}` body.
-pub const CHUNK_MAX: usize = 4 * 1024 * 1024;
+pub use crate::chunk_limits::{CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, ENTRY_CUT_MIN, ZIP_ENTRY};
+
 /// Most hashes in one `POST /chunks/missing`.
 pub const MAX_MISSING_QUERY: usize = 100_000;
 /// Longest file name, in bytes.
@@ -104,14 +100,6 @@ pub struct ChunkUploads {
     pub uploads: Vec<ChunkUpload>,
     pub expires_in: u64,
 }
-
-/// A zip archive's local file header signature. `torch.save` writes a zip
-/// of stored (uncompressed) entries, one per tensor storage, each starting
-/// with it.
-pub const ZIP_ENTRY: &[u8; 4] = b"PK\x03\x04";
-/// A chunk ends before a [`ZIP_ENTRY`] whose entry's size is unknown (see
-/// [`crate::zip_cuts`]) only at least this far into it.
-pub const ENTRY_CUT_MIN: usize = 512;
 
 /// One chunk as [`Chunks`] cuts it.
 #[derive(Clone, Debug)]

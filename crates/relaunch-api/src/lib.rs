@@ -8,6 +8,7 @@
 //! other.
 
 pub mod batch;
+pub mod chunk_limits;
 pub mod columns;
 pub mod files;
 pub mod float;

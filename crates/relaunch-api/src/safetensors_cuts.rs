@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use crate::files::CHUNK_MAX;
+use crate::chunk_limits::CHUNK_MAX;
 use crate::zip_cuts::{ENTRY_GROUP, LARGE_ENTRY};
 
 /// The safetensors format's own limit on the header's length.

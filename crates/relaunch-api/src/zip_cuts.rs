@@ -26,13 +26,13 @@
 //! since the data began ([`DataEnd::Described`]). A header with no usable
 //! size (cut off by the end of the file, a malformed zip64 field) cuts as
 //! before these rules: at least
-//! [`ENTRY_CUT_MIN`](crate::files::ENTRY_CUT_MIN) bytes in. Inside a large
+//! [`ENTRY_CUT_MIN`](crate::chunk_limits::ENTRY_CUT_MIN) bytes in. Inside a large
 //! entry's data no signature counts.
 //!
 //! Everything here reads only the bytes it is given, at most [`LOOKAHEAD`]
 //! past a header, so the cuts are a function of the file's bytes alone.
 
-use crate::files::{ENTRY_CUT_MIN, ZIP_ENTRY};
+use crate::chunk_limits::{ENTRY_CUT_MIN, ZIP_ENTRY};
 
 /// An entry with at least this many bytes of data starts a chunk of its
 /// own.
@@ -176,7 +176,7 @@ fn descriptor_at(block: &[u8], offset: u64, start: u64, cdc: usize) -> Option<(u
 
 /// The chunk at the start of `block` (at `offset` in the file) and where
 /// the chunker is after it, given FastCDC's cut `cdc` (at most the block's
-/// length, at most [`CHUNK_MAX`](crate::files::CHUNK_MAX)) and `inside`,
+/// length, at most [`CHUNK_MAX`](crate::chunk_limits::CHUNK_MAX)) and `inside`,
 /// the large entry whose data the block starts in (from the call before):
 /// - inside a large entry's data: its end if that comes by `cdc`, else
 ///   `cdc`, and no signature counts;
@@ -204,7 +204,7 @@ pub fn cut(
             return match descriptor_at(block, offset, start, cdc) {
                 // A descriptor across the largest chunk's end: the chunk ends
                 // before it, and the next one starts with it.
-                Some((at, after)) if after > crate::files::CHUNK_MAX => (at, inside),
+                Some((at, after)) if after > crate::chunk_limits::CHUNK_MAX => (at, inside),
                 Some((_, after)) => (after, None),
                 None => (cdc, inside),
             };

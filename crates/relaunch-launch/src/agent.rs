@@ -611,7 +611,7 @@ impl StopReports {
     async fn read(
         store: &JobStore,
         run_id: &str,
-        place: crate::group::Placement,
+        place: crate::config::Placement,
         config: &LaunchConfig,
     ) -> Self {
         let mut ranks = Vec::with_capacity(config.nproc_per_node);

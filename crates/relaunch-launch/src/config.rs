@@ -365,7 +365,7 @@ pub struct LaunchConfig {
     pub signals: Vec<Signal>,
     pub entrypoint: Entrypoint,
     /// `--server`: the job is logged as a run of this tracking server.
-    pub tracking: Option<crate::tracking::TrackingConfig>,
+    pub tracking: Option<TrackingConfig>,
     /// torchrun's `--duplicate-stdout-filters` / `--duplicate-stderr-filters`.
     pub duplicate_filters: DuplicateFilters,
     /// torchrun's `--virtual-local-rank`: `LOCAL_RANK=0` and one GPU each.
@@ -502,6 +502,32 @@ impl LaunchConfig {
     pub fn world_size(&self, nodes: usize) -> usize {
         nodes * self.nproc_per_node
     }
+}
+
+/// Where and how the job is tracked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrackingConfig {
+    /// `http(s)://HOST:PORT[/prefix]`, checked.
+    pub server: String,
+    pub token: Option<String>,
+    /// The run's project; the server's default when `None`.
+    pub project: Option<String>,
+    /// The client directory (spools), absolute: workers run elsewhere.
+    pub dir: PathBuf,
+    /// Between system metric samples; zero turns them off.
+    pub system_interval: Duration,
+    /// How long the end of the job waits for the server.
+    pub exit_timeout: Duration,
+}
+
+/// Where this node's workers sit in the job, for one attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    pub node_rank: usize,
+    pub nodes: usize,
+    /// Global rank of this node's local rank 0.
+    pub first_rank: usize,
+    pub world_size: usize,
 }
 
 #[cfg(test)]

@@ -6,9 +6,8 @@ use std::pin::Pin;
 
 use relaunch_store::{ErrorKind, StoreClient};
 
-use crate::config::{LaunchConfig, RendezvousConfig};
+use crate::config::{LaunchConfig, Placement, RendezvousConfig};
 use crate::error::LaunchError;
-use crate::group::Placement;
 use crate::job_store::{JOIN_TIMEOUT, JobStore};
 use crate::keys;
 use crate::rendezvous::{DynamicRendezvous, KeepAlive, Membership, NewRound, RendezvousSettings};

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::config::{DuplicateFilters, LaunchConfig, WorkerTty};
+use crate::config::{DuplicateFilters, LaunchConfig, Placement, WorkerTty};
 use crate::console::{ConsoleSender, Stream};
 use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, worker_env};
 use crate::error::LaunchError;
@@ -69,16 +69,6 @@ impl std::fmt::Debug for WorkerGroup {
 struct Duplicates {
     stdout: Option<Arc<Duplicate>>,
     stderr: Option<Arc<Duplicate>>,
-}
-
-/// Where this node's workers sit in the job, for one attempt.
-#[derive(Clone, Copy, Debug)]
-pub struct Placement {
-    pub node_rank: usize,
-    pub nodes: usize,
-    /// Global rank of this node's local rank 0.
-    pub first_rank: usize,
-    pub world_size: usize,
 }
 
 impl WorkerGroup {

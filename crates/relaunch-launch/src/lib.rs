@@ -40,8 +40,8 @@ use nix::sys::signal::Signal;
 
 pub use agent::launch;
 pub use config::LaunchConfig;
+pub use config::TrackingConfig;
 pub use error::LaunchError;
-pub use tracking::TrackingConfig;
 
 /// Exit code when a signal stopped the job and every rank stopped at the
 /// step they agreed on (`relaunch.preemption`) and exited 0: the job was

@@ -34,9 +34,9 @@ use relaunch_client::system::SystemSampler;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
+use crate::config::{Placement, TrackingConfig};
 use crate::console::{ConsoleSender, Stream};
 use crate::error::LaunchError;
-use crate::group::Placement;
 use crate::job_store::JobStore;
 use crate::keys;
 
@@ -53,22 +53,6 @@ pub const DEFAULT_EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 const STOPPED_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long this node waits for the store to agree on the launch id.
 const AGREE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Where and how the job is tracked.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TrackingConfig {
-    /// `http(s)://HOST:PORT[/prefix]`, checked.
-    pub server: String,
-    pub token: Option<String>,
-    /// The run's project; the server's default when `None`.
-    pub project: Option<String>,
-    /// The client directory (spools), absolute: workers run elsewhere.
-    pub dir: PathBuf,
-    /// Between system metric samples; zero turns them off.
-    pub system_interval: Duration,
-    /// How long the end of the job waits for the server.
-    pub exit_timeout: Duration,
-}
 
 /// The run as this node's launcher logs it.
 pub(crate) struct Tracker {
