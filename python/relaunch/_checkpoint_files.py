@@ -108,8 +108,10 @@ def _fsync_size(path: Path) -> int:
         return os.fstat(f.fileno()).st_size
 
 
-def fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
-    """fsync and hash ``names``: name -> [size, blake3].
+def fsync_and_hash(root: Path, names: list[str], durable: bool = True) -> dict[str, list]:
+    """fsync and hash ``names``: name -> [size, blake3]; only their sizes,
+    with no hash (None), where not ``durable`` (the memory tier: nothing to
+    sync, and the commit's rename is what makes a snapshot whole).
 
     Each file's fsync runs beside its hash, not before it: the disk writes
     the file out while the CPUs hash it from the page cache, so a commit
@@ -117,6 +119,8 @@ def fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
     several files go at once."""
     if not names:
         return {}
+    if not durable:
+        return {name: [os.stat(root / name).st_size, None] for name in names}
     from concurrent.futures import ThreadPoolExecutor  # not at import: it loads logging
 
     with ThreadPoolExecutor(min(2 * len(names), _HASH_THREADS)) as pool:
@@ -136,7 +140,9 @@ def fsync_and_hash(root: Path, names: list[str]) -> dict[str, list]:
 # --- manifests ---------------------------------------------------------------
 
 
-def gather(root: Path, reports: list[dict[str, Any]], shared: str, writer: str) -> dict[str, list]:
+def gather(
+    root: Path, reports: list[dict[str, Any]], shared: str, writer: str, durable: bool = True
+) -> dict[str, list]:
     """The committer's view of a checkpoint directory ``root``: every
     rank's report (``seen`` names, ``hashed`` entries) merged, what no rank
     hashed fsynced and hashed here, each file checked to be there with the
@@ -155,7 +161,7 @@ def gather(root: Path, reports: list[dict[str, Any]], shared: str, writer: str) 
             "checkpoint's own manifest: name that file differently"
         )
     missing = sorted(seen - set(files))
-    files.update(fsync_and_hash(root, [n for n in missing if (root / n).exists()]))
+    files.update(fsync_and_hash(root, [n for n in missing if (root / n).exists()], durable))
     for name in sorted(seen):
         if name not in files:
             raise CheckpointError(
@@ -171,8 +177,9 @@ def gather(root: Path, reports: list[dict[str, Any]], shared: str, writer: str) 
                 f"{root / name} changed while it was committed ({files[name][0]} bytes "
                 f"hashed, {size} now): is something still writing it after {writer}?"
             )
-    for directory in subdirs(root):
-        fsync(directory)
+    if durable:
+        for directory in subdirs(root):
+            fsync(directory)
     return files
 
 
@@ -229,7 +236,7 @@ def verify_checkpoint(path: Path, step: int, full: bool) -> tuple[dict[str, Any]
     if full:
         from concurrent.futures import ThreadPoolExecutor
 
-        names = sorted(files)
+        names = sorted(n for n in files if files[n].get("blake3") is not None)
         with ThreadPoolExecutor(max(1, min(len(names), _HASH_THREADS))) as pool:
             hashes = pool.map(lambda n: _native.hash_file(path / n), names)
             for name, digest in zip(names, hashes, strict=True):

@@ -51,19 +51,25 @@ step and the name of the temporary directory:
 
 The directory must be shared by all ranks (one file system); rank 0 checks
 that it sees every file the others wrote.
+
+With ``memory_every=N`` the steps between disk checkpoints that N divides
+are saved the same way into the node's memory tier, which ``relaunch run``
+holds across restarts (:mod:`relaunch._checkpoint_tier`): a crashed rank
+resumes from there, a stopped job from disk. ``latest()`` takes the newest
+in either tier.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy as _copy
+import errno
 import json
 import os
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -76,237 +82,41 @@ from relaunch._checkpoint_agree import (
     connect_store,
     failed_key,
 )
+from relaunch._checkpoint_args import (
+    DEFAULT_TIMEOUT,
+    ENV_ATTEMPT,
+    ENV_RUN_ID,
+    check_step,
+    env,
+    env_int,
+    json_dict,
+    keep_best_spec,
+    positive,
+)
 from relaunch._checkpoint_files import (
     FORMAT,
     MANIFEST,
-    STEP_DIR,
-    TEMPORARY,
     canonical,
-    fsync,
     fsync_and_hash,
     gather,
-    kept,
-    point_latest,
     read_manifest,
     remove,
     safe_name,
-    verify_checkpoint,
     walk,
     write_atomic,
 )
 from relaunch._checkpoint_ship import Shipper, exit_timeout
+from relaunch._checkpoint_stage import Stager
+from relaunch._checkpoint_tier import TIER_FULL, Checkpoint, Tier, memory_tier
 from relaunch.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
 
 STRATEGIES = ("sync_any", "sync_all", "async")
-DEFAULT_TIMEOUT = 1800.0
-"""Seconds a rank waits for the others at each step of a save (torch's default
-process-group timeout): writing a large checkpoint can take minutes."""
 
-# Environment the launchers set (crates/relaunch-launch/src/env.rs).
-ENV_RUN_ID = ("RELAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID")
-ENV_ATTEMPT = ("RELAUNCH_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
-
-# A temporary of another attempt of a job whose ranks save on their own
-# ("async") is only removed once it is this old, unless the attempts are known.
-_STALE_AGE = 3600.0
 # Temporary directories this process is writing, which no Checkpointer of
 # this process cleans up as stale.
 _IN_PROGRESS: set[str] = set()
-
-
-class Checkpoint:
-    """A committed checkpoint: its directory, step and manifest."""
-
-    __slots__ = ("manifest", "path", "step")
-
-    def __init__(self, path: Path, step: int, manifest: dict[str, Any]) -> None:
-        self.path = path
-        self.step = step
-        self.manifest = manifest
-
-    def __repr__(self) -> str:
-        return f"Checkpoint(path={str(self.path)!r}, step={self.step})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Checkpoint):
-            return NotImplemented
-        return (self.path, self.step) == (other.path, other.step)
-
-    def __hash__(self) -> int:
-        return hash((self.path, self.step))
-
-    @property
-    def files(self) -> dict[str, int]:
-        """Each file's name (relative, ``/``-separated) and size in bytes."""
-        return {name: entry["size"] for name, entry in self.manifest["files"].items()}
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return self.manifest.get("metrics") or {}
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.manifest.get("metadata") or {}
-
-    @property
-    def forced(self) -> bool:
-        return bool(self.manifest.get("forced"))
-
-    def load_file(self, name: str = "model.pt", map_location: Any = None, **kwargs: Any) -> Any:
-        """``torch.load`` of one file of this checkpoint (keyword arguments go to it)."""
-        import torch
-
-        if name not in self.manifest["files"]:
-            raise FileNotFoundError(
-                f"checkpoint {self.path} has no file {name!r}; it has "
-                f"{', '.join(sorted(self.manifest['files'])) or 'no files'}"
-            )
-        return torch.load(self.path / name, map_location=map_location, **kwargs)
-
-
-# --- validation --------------------------------------------------------------
-
-
-def _positive(value: object, name: str, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        none = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be an int >= 1{none}, got {value!r}")
-    return value
-
-
-def _step(step: object) -> int:
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"step must be an int, not {type(step).__name__}: {step!r}")
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return step
-
-
-def _keep_best(spec: object) -> tuple[str, str, int] | None:
-    """``(metric, "min"|"max")`` or ``(metric, "min"|"max", count)``."""
-    if spec is None:
-        return None
-    usage = (
-        'keep_best must be (metric, "min" or "max") or (metric, "min" or "max", count), '
-        f'e.g. ("val_loss", "min"); got {spec!r}'
-    )
-    if not isinstance(spec, tuple | list) or len(spec) not in (2, 3):
-        raise ValueError(usage)
-    metric, mode = spec[0], spec[1]
-    count = spec[2] if len(spec) == 3 else 1
-    if not isinstance(metric, str) or not metric or mode not in ("min", "max"):
-        raise ValueError(usage)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(usage)
-    return metric, mode, count
-
-
-def _json_dict(value: object, name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict, not {type(value).__name__}")
-    out = {str(k): v for k, v in value.items()}
-    try:
-        json.dumps(out)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"{name} must be JSON-serializable (numbers, strings, lists, dicts): {e}"
-        ) from None
-    return out
-
-
-def _env(names: Iterable[str]) -> str | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value:
-            return value
-    return None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-# --- copying state to the CPU ----------------------------------------------------
-
-
-class _Stager:
-    """Copies state to CPU memory for :meth:`Checkpointer.save_async`.
-
-    The copy shares nothing with the original, so training may change it at
-    once. Each save reuses the buffers of the previous one (the same tensors
-    in the same order, as a training loop saves them): no allocation, no page
-    faults, and pinned memory for GPU tensors, copied without blocking and
-    synchronized once. Views of one storage with the same shape and strides
-    (tied weights) are copied once and stay shared in the file.
-    """
-
-    def __init__(self) -> None:
-        self.buffers: list[Any] = []
-
-    def copy(self, obj: Any, torch: Any) -> Any:
-        self._torch = torch
-        self._next: list[Any] = []
-        self._memo: dict[tuple, Any] = {}
-        self._cuda = False
-        out = self._copy(obj)
-        if self._cuda:
-            torch.cuda.synchronize()
-        self.buffers = self._next
-        return out
-
-    def _tensor(self, t: Any) -> Any:
-        torch = self._torch
-        t = t.detach()
-        if t.layout != torch.strided or t.is_quantized or t.device.type not in ("cpu", "cuda"):
-            return t.to("cpu", copy=True)
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
-        if key in self._memo:
-            return self._memo[key]
-        cuda = t.device.type == "cuda"
-        i = len(self._next)
-        buf = self.buffers[i] if i < len(self.buffers) else None
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != cuda:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda)
-        buf.copy_(t, non_blocking=cuda)
-        self._cuda |= cuda
-        self._next.append(buf)
-        self._memo[key] = buf
-        return buf
-
-    def _copy(self, obj: Any) -> Any:
-        if isinstance(obj, self._torch.Tensor):
-            return self._tensor(obj)
-        if isinstance(obj, Mapping):
-            items = [(k, self._copy(v)) for k, v in obj.items()]
-            if type(obj) is dict:
-                return dict(items)
-            try:
-                return type(obj)(items)
-            except TypeError:
-                return dict(items)
-        if isinstance(obj, list):
-            return [self._copy(v) for v in obj]
-        if isinstance(obj, tuple):
-            items = [self._copy(v) for v in obj]
-            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-        if obj is None or isinstance(obj, str | bytes | int | float | bool):
-            return obj
-        try:
-            return _copy.deepcopy(obj)
-        except Exception:
-            return obj
 
 
 # --- the checkpointer ------------------------------------------------------------
@@ -332,6 +142,7 @@ class _Save:
         self.checkpoint: Checkpoint | None = None
         self._round = -1
         self._decision: Decision | None = None
+        self.tier: Tier | None = None
         self._entered = False
         self.started = 0.0
 
@@ -344,9 +155,12 @@ class _Save:
         self._owner._begin(self)
         return self.path
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        self._owner._end(self, exc)
-        _native.heartbeat(self.step)
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+        try:
+            # True: a memory snapshot that did not fit, skipped with a warning.
+            return self._owner._end(self, exc)
+        finally:
+            _native.heartbeat(self.step)
 
 
 class Checkpointer:
@@ -364,6 +178,15 @@ class Checkpointer:
       single process needs none.
     - ``save_every``: a step is due when it is a multiple of it (None: every
       call to ``save`` wants to save); ``force=True`` wants to save anyway.
+    - ``memory_every``: at the steps that are multiples of it and not due
+      for disk, the save goes to the memory tier instead: a snapshot in
+      memory that ``relaunch run`` holds on the node, across every restart
+      of the job (``--snapshot-memory`` bounds it), so a crashed rank
+      resumes from there. Needs ``save_every``. Only the newest snapshot is
+      kept; the launcher drops them all when it exits, so a job stopped for
+      good resumes from disk. Outside ``relaunch run`` (no memory tier)
+      and, for now, in a job over several nodes, it warns once and takes
+      only disk checkpoints.
     - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
     - ``timeout``: seconds to wait for the other ranks at each stage of a save.
       Under ``relaunch run`` a rank stops waiting within a second of another
@@ -395,21 +218,28 @@ class Checkpointer:
         world_size: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         ship: bool | None = None,
+        memory_every: int | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(
                 f"unknown strategy {strategy!r}; use one of {', '.join(map(repr, STRATEGIES))}"
             )
-        self.keep_last = _positive(keep_last, "keep_last (how many checkpoints to keep)")
-        self.keep_every = _positive(keep_every, "keep_every")
-        self.keep_best = _keep_best(keep_best)
-        self.save_every = _positive(save_every, "save_every")
+        self.keep_last = positive(keep_last, "keep_last (how many checkpoints to keep)")
+        self.keep_every = positive(keep_every, "keep_every")
+        self.keep_best = keep_best_spec(keep_best)
+        self.save_every = positive(save_every, "save_every")
+        self.memory_every = positive(memory_every, "memory_every")
+        if self.memory_every is not None and self.save_every is None:
+            raise ValueError(
+                f"memory_every={memory_every} needs save_every= too, the steps of the disk "
+                "checkpoints: without it every save goes to disk and none to memory"
+            )
         self.strategy = strategy
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.rank = env_int("RANK", 0) if rank is None else rank
+        self.world_size = env_int("WORLD_SIZE", 1) if world_size is None else world_size
         for name, value in (("rank", self.rank), ("world_size", self.world_size)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
@@ -434,7 +264,7 @@ class Checkpointer:
                 f"cannot create checkpoint directory {self.dir}: a file is in the way"
             ) from None
 
-        run_id, attempt = _env(ENV_RUN_ID), _env(ENV_ATTEMPT)
+        run_id, attempt = env(ENV_RUN_ID), env(ENV_ATTEMPT)
         self._session = _native.hash_bytes(f"{run_id}\0{attempt}".encode())[:8]
         self._session_known = run_id is not None and attempt is not None
         self._store_arg = store
@@ -463,10 +293,14 @@ class Checkpointer:
         self._async: threading.Thread | None = None
         self._async_error: BaseException | None = None
         self._async_step: int | None = None
-        self._stager = _Stager()
+        self._tier_full_warned = False
+        self._stager = Stager()
         self._shipper = self._make_shipper(ship)
+        self._disk = Tier("disk", self.dir, self.keep_last, self.keep_every, self.keep_best)
+        self._memory = memory_tier(self.dir, self.memory_every, self.world_size, self.rank)
         if self.rank == 0 or self.strategy == "async":
-            self._clean_stale()
+            for tier in self._tiers:
+                tier.clean_stale(_IN_PROGRESS, self._keep_session)
 
     def _make_shipper(self, ship: bool | None) -> Shipper | None:
         if ship is not None and not isinstance(ship, bool):
@@ -503,23 +337,31 @@ class Checkpointer:
     def _coordinated(self) -> bool:
         return self.world_size > 1 and self.strategy != "async"
 
+    @property
+    def _tiers(self) -> list[Tier]:
+        return [self._disk] if self._memory is None else [self._disk, self._memory]
+
+    @property
+    def _keep_session(self) -> str | None:
+        """Whose temporaries a rank's cleanup leaves: none when no other rank
+        can be saving yet (rank 0 votes in every save of a synchronized
+        job); this session's when ranks save on their own ("" when the
+        session is unknown: then only stale ones go)."""
+        if self.strategy == "async" and self.world_size > 1:
+            return self._session if self._session_known else ""
+        return None
+
     # --- reading -------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
         """Steps of the committed checkpoints in ``dir`` (final name and a
-        manifest), oldest first, without verifying them."""
-        return sorted(s for s, p in self._step_dirs() if (p / MANIFEST).exists())
-
-    def _step_dirs(self) -> list[tuple[int, Path]]:
-        out = []
-        for entry in os.scandir(self.dir):
-            match = STEP_DIR.match(entry.name)
-            if match and entry.is_dir(follow_symlinks=False):
-                out.append((int(match.group(1)), Path(entry.path)))
-        return sorted(out)
+        manifest), oldest first, without verifying them (disk only)."""
+        return self._disk.committed_steps()
 
     def latest(self, verify: str = "sizes") -> Checkpoint | None:
-        """The newest committed checkpoint that verifies, or None.
+        """The newest committed checkpoint that verifies, or None: on disk
+        or, with ``memory_every``, in the node's memory tier, whichever is
+        newer (:attr:`Checkpoint.tier` says which).
 
         ``verify="sizes"`` (default) checks the manifest (its own BLAKE3, its
         step) and every file's presence and size; ``verify="full"`` also
@@ -530,20 +372,13 @@ class Checkpointer:
         """
         if verify not in ("sizes", "full"):
             raise ValueError(f'verify must be "sizes" or "full", got {verify!r}')
-        found = None
-        for step, path in reversed(self._step_dirs()):
-            manifest, problem = verify_checkpoint(path, step, full=verify == "full")
-            if manifest is not None:
-                found = Checkpoint(path, step, manifest)
-                break
-            warnings.warn(
-                f"relaunch.Checkpointer: skipping checkpoint {path}: {problem}; "
-                "falling back to an older checkpoint",
-                stacklevel=2,
-            )
+        found = [c for t in self._tiers if (c := t.newest(verify == "full", 3)) is not None]
+        newest = max(found, key=lambda c: c.step, default=None)
+        if self._memory is not None and self.rank == 0:
+            _say_resume(newest, found)
         # What the caller resumes from: later saves must be after it.
-        self._floor, self._floor_known = (found.step if found else None), True
-        return found
+        self._floor, self._floor_known = (newest.step if newest else None), True
+        return newest
 
     def load(
         self,
@@ -584,14 +419,24 @@ class Checkpointer:
             raise TypeError(f"force must be a bool, not {type(force).__name__}")
         return _Save(
             self,
-            _step(step),
+            check_step(step),
             force,
-            _json_dict(metrics, "metrics"),
-            _json_dict(metadata, "metadata"),
+            json_dict(metrics, "metrics"),
+            json_dict(metadata, "metadata"),
         )
 
     def _wants(self, step: int, force: bool) -> bool:
         return force or self.save_every is None or step % self.save_every == 0
+
+    def _tier_for(self, decision: Decision) -> Tier | None:
+        """Disk when the ranks agreed to save; else the memory tier at its
+        steps (the same on every rank: no vote needed); else no save."""
+        if decision.save:
+            return self._disk
+        if self._memory is not None and self.memory_every is not None:
+            if decision.step % self.memory_every == 0:
+                return self._memory
+        return None
 
     def _check_step(self, step: int) -> None:
         if self._last_step is not None and step <= self._last_step:
@@ -631,15 +476,16 @@ class Checkpointer:
             else:
                 token = f"{self._session}-{os.urandom(4).hex()}"
                 decision = Decision(wants, save.step, save.force and wants, token)
-            if not decision.save:
+            tier = self._tier_for(decision)
+            if tier is None:
                 self._active = None
                 return
             # After the decision, so that every rank raises, not only those that asked.
             self._check_step(decision.step)
-            save._decision = decision
+            save._decision, save.tier = decision, tier
             if self.rank == 0:
                 self._remove_abandoned()
-            tmp = self.dir / f"step_{decision.step:08d}.tmp-{decision.token}"
+            tmp = tier.temporary(decision.step, decision.token)
             _IN_PROGRESS.add(str(tmp))
             tmp.mkdir(exist_ok=True)
             save.path = tmp
@@ -647,15 +493,41 @@ class Checkpointer:
             self._active = None
             raise
 
-    def _end(self, save: _Save, exc: BaseException | None) -> None:
+    def _end(self, save: _Save, exc: BaseException | None) -> bool:
         try:
             if save._decision is None:
-                return
-            self._commit(save, exc)
+                return False
+            return self._commit(save, exc)
         finally:
             self._active = None
 
-    def _commit(self, save: _Save, exc: BaseException | None) -> None:
+    def _commit(self, save: _Save, exc: BaseException | None) -> bool:
+        """Commits ``save`` on this rank, or aborts it if ``exc``. Returns
+        True when a memory snapshot did not fit (the tier or its file system
+        full, on any rank): skipped with a warning, the one before it kept,
+        the error (``exc`` too) not raised."""
+        memory = save.tier is not None and save.tier is self._memory
+        try:
+            self._commit_or_abort(save, exc, memory)
+        except BaseException as e:
+            if memory and _tier_full(e):
+                self._warn_tier_full(e)
+                return True
+            raise
+        if memory:
+            self._tier_full_warned = False
+        return False
+
+    def _warn_tier_full(self, e: BaseException) -> None:
+        if not self._tier_full_warned:
+            self._tier_full_warned = True
+            warnings.warn(
+                f"relaunch.Checkpointer: memory snapshot skipped: {e} (said once until a "
+                "snapshot fits again; disk checkpoints go on)",
+                stacklevel=5,
+            )
+
+    def _commit_or_abort(self, save: _Save, exc: BaseException | None, memory: bool) -> None:
         decision = save._decision
         assert decision is not None and save.path is not None
         tmp = save.path
@@ -663,9 +535,13 @@ class Checkpointer:
         n = save._round
         try:
             if exc is not None:
+                full = memory and _tier_full(exc)
+                why = f"{TIER_FULL}: {exc}" if full else f"{type(exc).__name__}: {exc}"
                 if coordinator is not None:
                     with contextlib.suppress(Exception):
-                        coordinator.leave_block(n, f"{type(exc).__name__}: {exc}")
+                        coordinator.leave_block(n, why)
+                if full:
+                    raise CheckpointError(why)
                 return
             if coordinator is not None:
                 coordinator.leave_block(n, None)
@@ -673,7 +549,8 @@ class Checkpointer:
             report: dict[str, Any] = {"seen": {}, "hashed": {}, "error": None}
             try:
                 report["seen"] = walk(tmp)
-                report["hashed"] = fsync_and_hash(tmp, sorted(report["seen"])[rank::world])
+                mine = sorted(report["seen"])[rank::world]
+                report["hashed"] = fsync_and_hash(tmp, mine, save.tier.durable)
             except Exception as e:
                 if coordinator is None:
                     raise
@@ -685,16 +562,19 @@ class Checkpointer:
             if coordinator is not None and rank != 0:
                 coordinator.report(n, report)
                 coordinator.committed(n)
-                final = self.dir / f"step_{decision.step:08d}"
+                final = save.tier.final(decision.step)
                 manifest, _ = read_manifest(final, decision.step)
-                save.checkpoint = Checkpoint(final, decision.step, manifest or {"files": {}})
+                save.checkpoint = Checkpoint(
+                    final, decision.step, manifest or {"files": {}}, save.tier.name
+                )
             else:
                 save.checkpoint = self._commit_rank0(save, decision, tmp, report, coordinator)
             self._last_step = decision.step
             exc = None
-            _tell_preemption(save.checkpoint)
+            if not memory:
+                _tell_preemption(save.checkpoint)
             if coordinator is None or rank == 0:
-                self._prune(decision.step)
+                save.tier.prune(decision.step, self._session)
         except BaseException as e:
             exc = e
             raise
@@ -727,7 +607,7 @@ class Checkpointer:
             raise
         if coordinator is not None:
             coordinator.announce(n, "ok")
-        if self._shipper is not None:
+        if self._shipper is not None and save.tier is self._disk:
             self._shipper.ship(checkpoint.step, checkpoint.path)
         return checkpoint
 
@@ -735,8 +615,10 @@ class Checkpointer:
         self, save: _Save, decision: Decision, tmp: Path, reports: list[dict[str, Any]]
     ) -> Checkpoint:
         """Rank 0: the manifest, the rename, the ``latest`` pointer."""
+        assert save.tier is not None
         # Subdirectories' entries are fsynced there; tmp's own after the manifest.
-        files = gather(tmp, reports, "checkpoint directory", "the with-block")
+        files = gather(tmp, reports, "checkpoint directory", "the with-block", save.tier.durable)
+        save.tier.check_room(tmp, sum(size for size, _ in files.values()), decision.step)
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -761,26 +643,8 @@ class Checkpointer:
         )
         # Every file's entry and the manifest's are durable before the
         # directory takes its final name: the rename is the commit.
-        fsync(tmp)
-        final = self.dir / f"step_{decision.step:08d}"
-        aside = None
-        if final.exists():
-            if verify_checkpoint(final, decision.step, full=True)[0] is not None:
-                raise CheckpointError(
-                    f"{final} appeared while step {decision.step} was being saved (another "
-                    'rank or process saves into this directory: with strategy="async" only '
-                    "one rank may save a given step)"
-                )
-            # A checkpoint of this step that did not verify (latest() skipped
-            # it): moved aside, then replaced.
-            aside = self.dir / f"{final.name}.old-{self._session}-{os.urandom(4).hex()}"
-            os.rename(final, aside)
-        os.rename(tmp, final)
-        point_latest(self.dir, final.name, f"{self._session}-{os.urandom(4).hex()}")
-        fsync(self.dir)
-        if aside is not None:
-            remove(aside)
-        return Checkpoint(final, decision.step, manifest)
+        final = save.tier.commit(tmp, decision.step, self._session)
+        return Checkpoint(final, decision.step, manifest, save.tier.name)
 
     def _abandon(self, tmp: Path, now: bool) -> None:
         """An aborted save's directory: removed now when no other rank may
@@ -793,55 +657,6 @@ class Checkpointer:
     def _remove_abandoned(self) -> None:
         while self._abandoned:
             remove(self._abandoned.pop())
-
-    def _prune(self, just_committed: int) -> None:
-        """Deletes what retention does not keep: committed checkpoints only,
-        never the newest, the one just committed, forced ones or unreadable ones."""
-        committed: dict[int, dict[str, Any] | None] = {}
-        paths = {}
-        for step, path in self._step_dirs():
-            manifest, _ = read_manifest(path, step)
-            if manifest is None and not (path / MANIFEST).exists():
-                continue  # not a commit of ours: never touched
-            committed[step] = manifest
-            paths[step] = path
-        keep = kept(committed, self.keep_last, self.keep_every, self.keep_best)
-        keep.add(just_committed)
-        for step in sorted(set(committed) - keep):
-            aside = self.dir / f"{paths[step].name}.old-{self._session}-{os.urandom(4).hex()}"
-            try:
-                os.rename(paths[step], aside)
-            except FileNotFoundError:
-                continue  # another rank ("async") pruned it first
-            except OSError as e:
-                # The new checkpoint is committed all the same: say so, do not raise.
-                warnings.warn(
-                    f"relaunch.Checkpointer: cannot delete old checkpoint {paths[step]}: {e}",
-                    stacklevel=4,
-                )
-                continue
-            remove(aside)
-
-    def _clean_stale(self) -> None:
-        """Removes temporaries that crashed processes left behind: every one
-        when no other rank can be saving yet (rank 0 votes in every save of
-        a synchronized job), else only those of other attempts."""
-        now = time.time()
-        for entry in os.scandir(self.dir):
-            match = TEMPORARY.match(entry.name)
-            if not match or entry.path in _IN_PROGRESS:
-                continue
-            if self.strategy == "async" and self.world_size > 1:
-                if self._session_known:
-                    if match.group(1) == self._session:
-                        continue
-                else:
-                    try:
-                        if now - entry.stat(follow_symlinks=False).st_mtime < _STALE_AGE:
-                            continue
-                    except FileNotFoundError:
-                        continue
-            remove(Path(entry.path))
 
     def _coordinator_(self) -> Coordinator:
         if self._coordinator is None:
@@ -876,7 +691,9 @@ class Checkpointer:
         once. The next save (either kind) waits for this one; an error in the
         background is raised by the next call, :meth:`wait` or :meth:`close`.
         Returns whether a save started (False when none is due). Every rank
-        calls it; in a multi-rank job give each rank its own ``name``. The CPU
+        calls it; in a multi-rank job give each rank its own ``name``, or
+        ``None`` as ``state_dict`` on a rank with nothing to write (it joins
+        the commit in the background all the same). The CPU
         copy is kept and reused by the next call (no allocation when the
         state has the same tensors); :meth:`close` frees it.
         """
@@ -893,7 +710,7 @@ class Checkpointer:
             save.__exit__(None, None, None)
             return False
         try:
-            state = self._stager.copy(state_dict, torch)
+            state = None if state_dict is None else self._stager.copy(state_dict, torch)
         except BaseException as e:
             save.__exit__(type(e), e, e.__traceback__)
             raise
@@ -913,12 +730,15 @@ class Checkpointer:
 
     def _write_async(self, save: _Save, state: Any, file: Path, torch: Any) -> None:
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(state, file)
+            if state is not None:
+                file.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(state, file)
         except BaseException as e:
+            swallowed = False
             with contextlib.suppress(BaseException):
-                self._commit(save, e)
-            self._async_error = e
+                swallowed = self._commit(save, e)
+            if not swallowed:
+                self._async_error = e
             return
         try:
             self._commit(save, None)
@@ -962,7 +782,7 @@ class Checkpointer:
         try:
             self._raise_async_error()
         finally:
-            self._stager = _Stager()  # lets go of the CPU copy
+            self._stager = Stager()  # lets go of the CPU copy
             if self.rank == 0:
                 self._remove_abandoned()
             if self._shipper is not None and not self._shipper.wait(exit_timeout()):
@@ -987,3 +807,34 @@ def _tell_preemption(checkpoint: Checkpoint) -> None:
     preemption = sys.modules.get("relaunch.preemption")
     if preemption is not None and preemption.requested():
         preemption.saved(checkpoint.path, checkpoint.step)
+
+
+def _tier_full(e: BaseException) -> bool:
+    """Whether ``e`` says a memory snapshot did not fit: the tier's budget
+    (here or on another rank) or its file system."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(e, CheckpointError) and TIER_FULL in str(e)
+
+
+def _say_resume(newest: Checkpoint | None, found: list[Checkpoint]) -> None:
+    """One line on stderr, from rank 0, when a memory tier is in use: which
+    tier the job resumes from, and that a fresh launcher's is empty."""
+    disk = next((c for c in found if c.tier == "disk"), None)
+    if newest is None:
+        return
+    if newest.tier == "memory":
+        older = f"; newest on disk: step {disk.step}" if disk is not None else ""
+        print(
+            f"relaunch.Checkpointer: resuming from the memory snapshot of step {newest.step}"
+            f"{older}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        print(
+            f"relaunch.Checkpointer: no newer memory snapshot on this node (a new launcher "
+            f"starts with an empty memory tier): resuming from disk, step {newest.step}",
+            file=sys.stderr,
+            flush=True,
+        )

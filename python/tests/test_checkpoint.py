@@ -32,6 +32,7 @@ from conftest import wait_for
 
 import relaunch
 from relaunch import Checkpointer, CheckpointError
+from relaunch._checkpoint_tier import Tier
 from relaunch._subprocess import StoreProcess
 
 WORKERS = Path(__file__).parent / "workers"
@@ -445,10 +446,10 @@ def test_keep_last_1_interrupted_between_commit_and_prune_keeps_both(
     ckpt = Checkpointer(tmp_path, keep_last=1)
     save_files(ckpt, 1)
 
-    def die(self: Checkpointer, step: int) -> None:
+    def die(self: Tier, step: int, session: str) -> None:
         raise KeyboardInterrupt  # the process dies right after the commit
 
-    monkeypatch.setattr(Checkpointer, "_prune", die)
+    monkeypatch.setattr(Tier, "prune", die)
     with pytest.raises(KeyboardInterrupt):
         save_files(ckpt, 2)
     monkeypatch.undo()

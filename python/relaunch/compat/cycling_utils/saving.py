@@ -53,6 +53,7 @@ from typing import Any
 
 from relaunch import _native
 from relaunch._checkpoint_agree import ENV_STORE, Coordinator, connect_store, failed_key
+from relaunch._checkpoint_args import DEFAULT_TIMEOUT, ENV_ATTEMPT, ENV_RUN_ID, env, env_int
 from relaunch._checkpoint_files import (
     FORMAT,
     MANIFEST,
@@ -64,7 +65,6 @@ from relaunch._checkpoint_files import (
     walk,
     write_atomic,
 )
-from relaunch.checkpoint import DEFAULT_TIMEOUT, ENV_ATTEMPT, ENV_RUN_ID, _env, _env_int
 from relaunch.errors import CheckpointError
 
 __all__ = ["AtomicDirectory", "atomic_torch_save"]
@@ -145,8 +145,8 @@ class AtomicDirectory:
             )
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.rank = env_int("RANK", 0) if rank is None else rank
+        self.world_size = env_int("WORLD_SIZE", 1) if world_size is None else world_size
         for what, value in (("rank", self.rank), ("world_size", self.world_size)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -207,7 +207,7 @@ class AtomicDirectory:
             if connected is None:  # async without a store: nothing to check with
                 return
             store = connected[0]
-        run_id, attempt = _env(ENV_RUN_ID), _env(ENV_ATTEMPT)
+        run_id, attempt = env(ENV_RUN_ID), env(ENV_ATTEMPT)
         key = (str(self._out), base_name, self.rank)
         with _BUILT_LOCK:
             built = _BUILT.get(key, 0)
