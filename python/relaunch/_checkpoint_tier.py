@@ -38,6 +38,7 @@ from relaunch._checkpoint_files import (
     remove,
     verify_checkpoint,
 )
+from relaunch._checkpoint_snapshot import is_snapshot, load, recycle
 from relaunch.errors import CheckpointError
 
 # Set by `relaunch run` (crates/relaunch-launch/src/env.rs): the node's
@@ -95,7 +96,9 @@ class Checkpoint:
         return bool(self.manifest.get("forced"))
 
     def load_file(self, name: str = "model.pt", map_location: Any = None, **kwargs: Any) -> Any:
-        """``torch.load`` of one file of this checkpoint (keyword arguments go to it)."""
+        """``torch.load`` of one file of this checkpoint (keyword arguments go
+        to it); a memory snapshot written by ``save_async`` is read by
+        relaunch (its tensors copied out, ``map_location`` applied)."""
         import torch
 
         if name not in self.manifest["files"]:
@@ -103,6 +106,8 @@ class Checkpoint:
                 f"checkpoint {self.path} has no file {name!r}; it has "
                 f"{', '.join(sorted(self.manifest['files'])) or 'no files'}"
             )
+        if self.tier == "memory" and is_snapshot(self.path / name):
+            return load(self.path / name, map_location, torch)
         return torch.load(self.path / name, map_location=map_location, **kwargs)
 
 
@@ -129,6 +134,9 @@ class Tier:
         # Disk: fsynced and hashed (BLAKE3 per file). Memory: neither; a
         # snapshot is whole by its rename, and lives only as long as the node.
         self.durable = durable
+        # The memory tier keeps a pruned snapshot's large files here, for
+        # the next snapshot to write over (relaunch._checkpoint_snapshot).
+        self.spare = None if durable else root / "spare"
 
     def __repr__(self) -> str:
         return f"Tier({self.name!r}, {str(self.root)!r})"
@@ -243,6 +251,8 @@ class Tier:
                     stacklevel=5,
                 )
                 continue
+            if self.spare is not None:
+                recycle(aside, self.spare)
             remove(aside)
 
     def clean_stale(self, in_progress: set[str], own_session: str | None) -> None:

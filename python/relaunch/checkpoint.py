@@ -106,6 +106,7 @@ from relaunch._checkpoint_files import (
     write_atomic,
 )
 from relaunch._checkpoint_ship import Shipper, exit_timeout
+from relaunch._checkpoint_snapshot import Writer as SnapshotWriter
 from relaunch._checkpoint_stage import Stager
 from relaunch._checkpoint_tier import TIER_FULL, Checkpoint, Tier, memory_tier
 from relaunch.errors import CheckpointError
@@ -295,6 +296,7 @@ class Checkpointer:
         self._async_step: int | None = None
         self._tier_full_warned = False
         self._stager = Stager()
+        self._snapshots = SnapshotWriter()
         self._shipper = self._make_shipper(ship)
         self._disk = Tier("disk", self.dir, self.keep_last, self.keep_every, self.keep_best)
         self._memory = memory_tier(self.dir, self.memory_every, self.world_size, self.rank)
@@ -710,9 +712,18 @@ class Checkpointer:
             save.__exit__(None, None, None)
             return False
         try:
-            state = None if state_dict is None else self._stager.copy(state_dict, torch)
+            if state_dict is None:
+                state = None
+            elif save.tier is self._memory and self._memory is not None:
+                # Written in place on the caller (one copy into memory that
+                # the next snapshot reuses); only the commit is left.
+                self._snapshots.write(state_dict, path / name, self._memory.spare, torch)
+                state = None
+            else:
+                state = self._stager.copy(state_dict, torch)
         except BaseException as e:
-            save.__exit__(type(e), e, e.__traceback__)
+            if save.__exit__(type(e), e, e.__traceback__):
+                return False  # a memory snapshot that did not fit, said in a warning
             raise
         # Not a daemon: the interpreter waits for a save in flight before it exits.
         thread = threading.Thread(
@@ -783,6 +794,7 @@ class Checkpointer:
             self._raise_async_error()
         finally:
             self._stager = Stager()  # lets go of the CPU copy
+            self._snapshots.close()
             if self.rank == 0:
                 self._remove_abandoned()
             if self._shipper is not None and not self._shipper.wait(exit_timeout()):

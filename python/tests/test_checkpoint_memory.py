@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from relaunch import Checkpointer, CheckpointError
 from relaunch._checkpoint_tier import ENV_SNAPSHOT_DIR, ENV_SNAPSHOT_MEMORY
 
 WORKERS = Path(__file__).resolve().parent / "workers"
+Pair = namedtuple("Pair", "a b")
 MEMORY_TRAIN = WORKERS / "memory_train.py"
 MiB = 2**20
 
@@ -224,42 +226,66 @@ def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-u
         time.sleep(0.05)
 
 
-def run_job(tmp_path: Path, name: str, *args: str, kill_rank_at: int | None = None) -> Path:
+def run_job(
+    tmp_path: Path,
+    name: str,
+    *args: str,
+    kill_rank_at: int | None = None,
+    kill_launcher_at: int | None = None,
+    victim_rank: int = 1,
+) -> Path:
+    """`relaunch run` of memory_train.py on 2 ranks, its memory tier under
+    tmp_path/shm; SIGKILL to rank 1 once it did `kill_rank_at` steps, or
+    to the launcher itself (then launched again, as a scheduler would)."""
     out = tmp_path / name
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     env = {**os.environ, "RELAUNCH_SNAPSHOT_ROOT": str(tmp_path / "shm")}
     env.pop(ENV_SNAPSHOT_DIR, None)
     (tmp_path / "shm").mkdir(exist_ok=True)
+    command = [
+        *relaunch_cmd(),
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--snapshot-memory",
+        "64MiB",
+        str(MEMORY_TRAIN),
+        str(out),
+        "--ckpt-dir",
+        str(out / "ckpt"),
+        *args,
+    ]
     launcher = subprocess.Popen(
-        [
-            *relaunch_cmd(),
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            "--snapshot-memory",
-            "64MiB",
-            str(MEMORY_TRAIN),
-            str(out),
-            "--ckpt-dir",
-            str(out / "ckpt"),
-            *args,
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        if kill_rank_at is not None:
+        at = kill_rank_at if kill_rank_at is not None else kill_launcher_at
+        if at is not None:
             wait_for(
-                lambda: len(steps_of(out, 1)) >= kill_rank_at or launcher.poll() is not None,
+                lambda: len(steps_of(out, 1)) >= at or launcher.poll() is not None,
                 120,
-                f"rank 1 to reach step {kill_rank_at}",
+                f"rank 1 to reach step {at}",
             )
-            os.kill(worker_pid(launcher.pid, 1), signal.SIGKILL)
+            victim = (
+                launcher.pid
+                if kill_launcher_at is not None
+                else worker_pid(launcher.pid, victim_rank)
+            )
+            os.kill(victim, signal.SIGKILL)
         output, _ = launcher.communicate(timeout=300)
+        if kill_launcher_at is not None:
+            assert launcher.returncode == -signal.SIGKILL, output
+            # Its workers die with it (parent-death signal); a new launcher.
+            launcher = subprocess.Popen(
+                command,
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            output += "\n--- relaunched ---\n" + launcher.communicate(timeout=300)[0]
     finally:
         if launcher.poll() is None:
             launcher.kill()
@@ -269,16 +295,42 @@ def run_job(tmp_path: Path, name: str, *args: str, kill_rank_at: int | None = No
     return out
 
 
-def test_a_killed_rank_resumes_from_memory_losing_at_most_one_step(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    job = ("--memory-every", "1", "--save-every", "50", "--steps", "70", "--step-time", "0.03")
-    clean = run_job(tmp_path, "clean", *job)
-    killed = run_job(tmp_path, "killed", *job, kill_rank_at=25)
+def assert_same_final_state(clean: Path, other: Path) -> None:
+    import torch
 
+    a = torch.load(clean / "final.pt")
+    b = torch.load(other / "final.pt")
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for i, state in a["opt"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["opt"]["state"][i]["momentum_buffer"])
+
+
+JOB = ("--memory-every", "1", "--save-every", "20", "--steps", "70", "--step-time", "0.03")
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job uninterrupted: the state every interrupted run must end with."""
+    pytest.importorskip("torch")
+    return run_job(tmp_path_factory.mktemp("clean"), "clean", *JOB)
+
+
+@pytest.mark.parametrize(
+    "how, victim",
+    # Rank 0 writes every snapshot: killed, it is often mid-snapshot.
+    [("with-block", 1), ("save_async", 0)],
+)
+def test_a_killed_rank_resumes_from_memory_losing_at_most_one_step(
+    tmp_path: Path, clean_run: Path, how: str, victim: int
+) -> None:
+    extra = ("--async-save",) if how == "save_async" else ()
+    killed = run_job(tmp_path, "killed", *JOB, *extra, kill_rank_at=30, victim_rank=victim)
     output = (killed / "launcher.log").read_text()
     assert "restarting all workers" in output, output
     resumed = json.loads((killed / "resumed.1.0").read_text())
     assert resumed["tier"] == "memory", output
+    assert f"resuming from the memory snapshot of step {resumed['step']}" in output
     for rank in (0, 1):
         steps = steps_of(killed, rank)
         first = [s for a, s in steps if a == 0]
@@ -287,11 +339,21 @@ def test_a_killed_rank_resumes_from_memory_losing_at_most_one_step(tmp_path: Pat
         assert second[-1] == 69
         re_run = set(first) & set(second)
         assert len(re_run) <= 1, (rank, sorted(re_run))
-    a = torch.load(clean / "final.pt")
-    b = torch.load(killed / "final.pt")
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    for i, state in a["opt"]["state"].items():
-        assert torch.equal(state["momentum_buffer"], b["opt"]["state"][i]["momentum_buffer"])
+    assert_same_final_state(clean_run, killed)
     # The launcher dropped the memory tier when it exited.
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_killed_launcher_loses_the_memory_tier_and_the_job_resumes_from_disk(
+    tmp_path: Path, clean_run: Path
+) -> None:
+    out = run_job(tmp_path, "launcher", *JOB, kill_launcher_at=30)
+    output = (out / "launcher.log").read_text()
+    relaunched = output.split("--- relaunched ---")[1]
+    resumed = json.loads((out / "resumed.0.0").read_text())
+    # The last launch's attempt 0 overwrote the first's record: it resumed
+    # from the newest disk checkpoint, and said so.
+    assert resumed["tier"] == "disk" and resumed["step"] % 20 == 0 and resumed["step"] >= 20
+    assert f"resuming from disk, step {resumed['step']}" in relaunched, relaunched
+    assert_same_final_state(clean_run, out)
     assert list((tmp_path / "shm").iterdir()) == []
