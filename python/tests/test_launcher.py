@@ -100,6 +100,9 @@ def test_worker_environment_equals_torchruns(launcher, tmp_path):
             "RELAUNCH_STORE",
             "RELAUNCH_LOG_DIR",
             "RELAUNCH_BEAT_FILE",
+            # the checkpoints' memory tier (on by default: /dev/shm)
+            "RELAUNCH_SNAPSHOT_DIR",
+            "RELAUNCH_SNAPSHOT_MEMORY",
             # torch's NCCL flight recorder, for hang reports (the size under
             # the name this torch reads without a deprecation warning)
             "TORCH_FR_BUFFER_SIZE",

@@ -19,6 +19,7 @@ use crate::keys;
 use crate::logs::LogLayout;
 use crate::report::{self, Failure};
 use crate::signals::Signals;
+use crate::snapshot::SnapshotDir;
 use crate::straggler::StepTimes;
 use crate::torch::TorchVersion;
 use crate::tracking::{EndKind, Tracker};
@@ -75,9 +76,16 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
+    // The memory tier's directory, once for every attempt; dropped (and
+    // removed) on every way out of this function.
+    let (snapshots, snapshot_warning) =
+        crate::snapshot::open(config.snapshot.as_ref(), &config.run_id)?;
     let layout = LogLayout::create(config.log_dir.as_deref(), &config.run_id)?;
     let console = Console::start();
     let out = console.sender();
+    if let Some(warning) = snapshot_warning {
+        out.notice(warning);
+    }
     warn_about_host(&config, &out);
     let store = JobStore::open(&config).await?;
     let mut coordinator = Coordinator::new(&config, &store, &hostname).await?;
@@ -115,6 +123,7 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
         &out,
         &hostname,
         &mut tracker,
+        snapshots.as_ref(),
     )
     .await;
     if let Some(tracker) = tracker {
@@ -216,6 +225,7 @@ async fn run_attempts(
     out: &ConsoleSender,
     hostname: &str,
     tracker: &mut Option<Tracker>,
+    snapshots: Option<&SnapshotDir>,
 ) -> Result<Outcome, LaunchError> {
     let failed = || Outcome::Failed {
         restarts: config.max_restarts,
@@ -270,6 +280,7 @@ async fn run_attempts(
                 .unwrap_or_default(),
             virtual_local_rank: config.virtual_local_rank,
             flight_recorder_size_var,
+            snapshot: snapshots.map(|dir| (dir.path().to_path_buf(), dir.budget())),
         };
         let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
         let mut group = WorkerGroup::start(

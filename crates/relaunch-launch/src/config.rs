@@ -372,6 +372,23 @@ pub struct LaunchConfig {
     pub virtual_local_rank: bool,
     /// When a worker's console stream is a pseudo-terminal (`--worker-tty`).
     pub worker_tty: WorkerTty,
+    /// The memory tier of checkpoints (`--snapshot-memory`); `None`: off.
+    pub snapshot: Option<SnapshotConfig>,
+}
+
+/// The memory tier of checkpoints (`--snapshot-memory`): where the
+/// launcher makes its directory ([`crate::snapshot`]) and how much the
+/// job's snapshots may hold there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotConfig {
+    /// The directory the tier's directory is made in, absolute
+    /// (`$RELAUNCH_SNAPSHOT_ROOT`, else `/dev/shm`).
+    pub root: PathBuf,
+    /// Bytes the snapshots may take (`RELAUNCH_SNAPSHOT_MEMORY`).
+    pub budget: u64,
+    /// Asked for explicitly: a directory that cannot be made stops the
+    /// launch; without it the job runs without a tier, with a warning.
+    pub required: bool,
 }
 
 /// Whether workers write to pseudo-terminals ([`crate::pty`]) or pipes.
@@ -562,6 +579,7 @@ mod tests {
             duplicate_filters: DuplicateFilters::default(),
             virtual_local_rank: false,
             worker_tty: WorkerTty::Auto,
+            snapshot: None,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The environment every worker gets: torchrun's variables, with torchrun's
 //! values, plus relaunch's own. Each name is declared once here.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Global rank of the worker.
 pub const RANK: &str = "RANK";
@@ -78,6 +78,14 @@ pub const RELAUNCH_STORE: &str = "RELAUNCH_STORE";
 pub const RELAUNCH_LOG_DIR: &str = "RELAUNCH_LOG_DIR";
 /// The rank's beat record (`relaunch_client::beat`), in its log directory.
 pub const RELAUNCH_BEAT_FILE: &str = relaunch_client::beat::BEAT_FILE_ENV;
+/// The memory tier of checkpoints on this node ([`crate::snapshot`]): a
+/// directory that every rank of every attempt shares, which outlives any
+/// worker and every restart and goes when the launcher exits. Set only
+/// with a tier (`--snapshot-memory`, not 0).
+pub const RELAUNCH_SNAPSHOT_DIR: &str = "RELAUNCH_SNAPSHOT_DIR";
+/// The bytes the node's snapshots may take in `RELAUNCH_SNAPSHOT_DIR`, all
+/// ranks together. Set with it.
+pub const RELAUNCH_SNAPSHOT_MEMORY: &str = "RELAUNCH_SNAPSHOT_MEMORY";
 /// The beat record's name in a rank's log directory.
 pub const BEAT_FILE: &str = "beat";
 /// Where `import relaunch` has a rank write its stacks on the dump signal
@@ -117,6 +125,9 @@ pub struct AttemptEnv {
     /// The flight recorder's buffer-size variable of the workers' torch
     /// ([`crate::torch::TorchVersion::flight_recorder_size_var`]).
     pub flight_recorder_size_var: &'static str,
+    /// The memory tier's directory and budget in bytes, if the launch has
+    /// one (`RELAUNCH_SNAPSHOT_DIR`, `RELAUNCH_SNAPSHOT_MEMORY`).
+    pub snapshot: Option<(PathBuf, u64)>,
 }
 
 /// The variables one worker gets on top of the launcher's own environment.
@@ -208,6 +219,10 @@ pub fn worker_env(
             prefix.display().to_string(),
         ));
     }
+    if let Some((dir, budget)) = &attempt.snapshot {
+        env.push((RELAUNCH_SNAPSHOT_DIR, dir.display().to_string()));
+        env.push((RELAUNCH_SNAPSHOT_MEMORY, budget.to_string()));
+    }
     match inherited(OMP_NUM_THREADS) {
         Some(value) => env.push((OMP_NUM_THREADS, value)),
         None if place.local_world_size > 1 => env.push((OMP_NUM_THREADS, "1".into())),
@@ -234,6 +249,7 @@ mod tests {
             extra: Vec::new(),
             virtual_local_rank: false,
             flight_recorder_size_var: TORCH_FR_BUFFER_SIZE,
+            snapshot: None,
         }
     }
 
@@ -371,6 +387,28 @@ mod tests {
         let env = worker_env(&attempt, place(1), Path::new("e"), Path::new("l"), |_| None);
         assert_eq!(get(&env, "RELAUNCH_SERVER").as_deref(), Some("http://s:1"));
         assert_eq!(get(&env, RANK).as_deref(), Some("3"));
+    }
+
+    #[test]
+    fn the_memory_tier_is_named_only_when_there_is_one() {
+        let env = worker_env(&attempt(), place(2), Path::new("e"), Path::new("l"), |_| {
+            None
+        });
+        assert_eq!(get(&env, RELAUNCH_SNAPSHOT_DIR), None);
+        assert_eq!(get(&env, RELAUNCH_SNAPSHOT_MEMORY), None);
+        let tier = AttemptEnv {
+            snapshot: Some(("/dev/shm/relaunch-snap-1-2-0000000a".into(), 1 << 30)),
+            ..attempt()
+        };
+        let env = worker_env(&tier, place(2), Path::new("e"), Path::new("l"), |_| None);
+        assert_eq!(
+            get(&env, RELAUNCH_SNAPSHOT_DIR).as_deref(),
+            Some("/dev/shm/relaunch-snap-1-2-0000000a")
+        );
+        assert_eq!(
+            get(&env, RELAUNCH_SNAPSHOT_MEMORY).as_deref(),
+            Some("1073741824")
+        );
     }
 
     #[test]

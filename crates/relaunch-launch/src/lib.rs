@@ -5,7 +5,9 @@
 //! environment ([`env`]), never lets them outlive it ([`worker`]), writes
 //! their output to per-rank logs and one tidy console ([`logs`],
 //! [`console`]), forwards signals with a grace period, restarts them on
-//! failure and explains failures ([`report`]).
+//! failure and explains failures ([`report`]). It owns the memory tier of
+//! checkpoints on its node ([`snapshot`]): a directory that outlives every
+//! worker and restart, and not the launcher.
 
 mod agent;
 pub mod config;
@@ -27,6 +29,7 @@ pub mod pty;
 pub mod rendezvous;
 pub mod report;
 mod signals;
+pub mod snapshot;
 pub mod stacks;
 pub mod straggler;
 pub mod torch;

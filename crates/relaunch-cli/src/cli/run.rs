@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use relaunch_launch::config::{NProc, NodeRange, StreamSpec};
 
+use crate::size::parse_size;
+
 /// `--rdzv-backend`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RdzvBackend {
@@ -258,6 +260,15 @@ pub struct RunArgs {
         value_name = "WHEN"
     )]
     pub worker_tty: WorkerTtyChoice,
+
+    /// Memory on this node for checkpoint snapshots (relaunch.Checkpointer(memory_every=N)), so that a crashed rank loses nothing: a directory in /dev/shm ($RELAUNCH_SNAPSHOT_ROOT) made at start, kept across every restart and removed when relaunch exits; workers get RELAUNCH_SNAPSHOT_DIR and RELAUNCH_SNAPSHOT_MEMORY (bytes). Bytes, or a number with KiB, MiB or GiB; 0 turns it off. A size more than /dev/shm has free refuses to start [default: a quarter of the node's memory, at most what /dev/shm has free].
+    #[arg(
+        long = "snapshot-memory",
+        env = "RELAUNCH_SNAPSHOT_MEMORY",
+        value_parser = parse_size,
+        value_name = "SIZE"
+    )]
+    pub snapshot_memory: Option<usize>,
 
     /// Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES), as torchrun's
     /// --virtual-local-rank.

@@ -8,8 +8,9 @@ use anyhow::Context as _;
 use relaunch_client::http::{TOKEN_ENV, normalize_server};
 use relaunch_launch::config::{
     DEFAULT_PREFIX_TEMPLATE, DEFAULT_SIGNALS, DuplicateFilters, Entrypoint, LaunchConfig, NProc,
-    NodeRange, RendezvousConfig, WorkerTty, parse_signals,
+    NodeRange, RendezvousConfig, SnapshotConfig, WorkerTty, parse_signals,
 };
+use relaunch_launch::snapshot::{self, Decision, RootSpace};
 use relaunch_launch::tracking::{DEFAULT_EXIT_TIMEOUT, EXIT_TIMEOUT_ENV};
 use relaunch_launch::{LaunchError, Outcome, TrackingConfig};
 
@@ -37,8 +38,8 @@ pub(crate) fn run(args: &RunArgs, context: &Context) -> anyhow::Result<u8> {
     }
     let resolved = resolve(args, context, &scheduler::process_env).map_err(UsageError)?;
     let sync = sync_dir(args, &resolved.config).map_err(UsageError)?;
-    for line in compat_notices(args) {
-        crate::output::status(&line);
+    for line in compat_notices(args).iter().chain(&resolved.warnings) {
+        crate::output::status(line);
     }
     if args.print_config {
         crate::output::text(&resolved.report());
@@ -143,6 +144,8 @@ pub(crate) struct Resolved {
     pub(crate) requeue: Option<Requeue>,
     /// The scheduler found, if any.
     pub(crate) scheduler: Option<&'static str>,
+    /// Lines to show before the launch starts (`relaunch: warning: ...`).
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Resolved {
@@ -409,6 +412,7 @@ fn resolve(
         },
     };
     let tracking = tracking(args, args_nnodes, &run_id.value, explicit)?;
+    let tier = snapshot_tier(args)?;
     sources.insert(0, ("run_id", run_id.value.clone(), run_id.source));
     sources.insert(1, ("nnodes", node_range_text(args_nnodes), nnodes.source));
     sources.insert(
@@ -437,6 +441,7 @@ fn resolve(
             Source::Default("off".into())
         },
     ));
+    sources.push(("snapshot_memory", tier.shown, tier.source));
     let config = LaunchConfig {
         nproc_per_node,
         nnodes: args_nnodes,
@@ -490,6 +495,7 @@ fn resolve(
             WorkerTtyChoice::Always => WorkerTty::Always,
             WorkerTtyChoice::Never => WorkerTty::Never,
         },
+        snapshot: tier.config,
     };
     config.validate().map_err(|e| e.to_string())?;
     if args.virtual_local_rank
@@ -508,6 +514,73 @@ fn resolve(
         sources,
         requeue,
         scheduler: alloc.map(|a| a.scheduler),
+        warnings: tier.warning.into_iter().collect(),
+    })
+}
+
+/// `--snapshot-memory`, resolved: the memory tier of checkpoints.
+struct Tier {
+    config: Option<SnapshotConfig>,
+    /// What `--print-config` shows, and where it came from.
+    shown: String,
+    source: Source,
+    /// Why the default has no tier here.
+    warning: Option<String>,
+}
+
+/// `--snapshot-memory` (or `RELAUNCH_SNAPSHOT_MEMORY`) against what this
+/// node has: the root's free space and its memory. Directories that dead
+/// launchers left in the root are swept first, since they take the space
+/// measured here (not for `--print-config`, which starts nothing).
+fn snapshot_tier(args: &RunArgs) -> Result<Tier, String> {
+    let root = snapshot::root(|name| std::env::var(name).ok());
+    let requested = args
+        .snapshot_memory
+        .map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+    let decision = if requested == Some(0) {
+        Decision::Off
+    } else {
+        if !args.print_config {
+            snapshot::sweep(&root, &snapshot::Here::probe());
+        }
+        snapshot::decide(
+            requested,
+            snapshot::node_memory(),
+            &root,
+            &RootSpace::probe(&root),
+        )?
+    };
+    let source = match requested {
+        Some(_) => Source::Flag("--snapshot-memory"),
+        None => Source::Default(format!(
+            "a quarter of memory, at most what {} has free",
+            root.display()
+        )),
+    };
+    let required = requested.is_some();
+    Ok(match decision {
+        Decision::Budget(budget) => Tier {
+            shown: format!("{} in {}", snapshot::human(budget), root.display()),
+            config: Some(SnapshotConfig {
+                root,
+                budget,
+                required,
+            }),
+            source,
+            warning: None,
+        },
+        Decision::Off => Tier {
+            config: None,
+            shown: "off".into(),
+            source,
+            warning: None,
+        },
+        Decision::Unavailable(why) => Tier {
+            config: None,
+            shown: format!("off ({} cannot hold it)", root.display()),
+            source,
+            warning: Some(format!("relaunch: warning: {why}")),
+        },
     })
 }
 
@@ -1078,6 +1151,39 @@ mod tests {
             let err = resolved(argv).unwrap_err();
             assert!(err.contains(needle), "{argv:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_memory_tier_is_resolved_with_its_source() {
+        let off = resolved_in(&[], &["--snapshot-memory", "0", "t.py"]).unwrap();
+        assert_eq!(off.config.snapshot, None);
+        assert!(off.warnings.is_empty());
+        let report = off.report();
+        assert!(
+            report.contains("snapshot_memory      off")
+                && report.contains("<- flag --snapshot-memory"),
+            "{report}"
+        );
+        // More than any root has free: refused before anything starts.
+        let err = resolved(&["--snapshot-memory", "1000000GiB", "t.py"]).unwrap_err();
+        assert!(
+            err.starts_with("--snapshot-memory 1000000.0 GiB (1073741824000000 bytes)"),
+            "{err}"
+        );
+        // The default: a tier, or a warning saying why there is none.
+        let default = resolved_in(&[], &["--print-config", "t.py"]).unwrap();
+        match &default.config.snapshot {
+            Some(tier) => {
+                assert!(tier.budget > 0 && !tier.required);
+                assert!(default.warnings.is_empty());
+            }
+            None => assert!(default.warnings[0].starts_with("relaunch: warning: ")),
+        }
+        assert!(
+            default.report().contains("<- default (a quarter of memory"),
+            "{}",
+            default.report()
+        );
     }
 
     #[test]
