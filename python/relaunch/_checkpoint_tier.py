@@ -293,7 +293,7 @@ def memory_tier(disk: Path, memory_every: int | None, world_size: int, rank: int
                 f"relaunch.Checkpointer: memory_every={memory_every} needs a memory tier, which "
                 f"`relaunch run` provides ({ENV_SNAPSHOT_DIR} is unset here): only disk "
                 "checkpoints are taken",
-                stacklevel=4,
+                stacklevel=3,
             )
         return None
     local_world = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
@@ -303,7 +303,7 @@ def memory_tier(disk: Path, memory_every: int | None, world_size: int, rank: int
                 f"relaunch.Checkpointer: memory_every={memory_every} is not yet served across "
                 f"nodes ({world_size} ranks, {local_world} on this node: a snapshot's files "
                 "would be split between nodes' memory): only disk checkpoints are taken",
-                stacklevel=4,
+                stacklevel=3,
             )
         return None
     raw = os.environ.get(ENV_SNAPSHOT_MEMORY, "").strip()

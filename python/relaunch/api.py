@@ -417,6 +417,23 @@ class RunRecord:
         cause, restart, finish, alerts), oldest first."""
         return self._api._get(f"reading the events of run {self.id}", f"/runs/{self.id}/events")
 
+    def goodput(self) -> dict[str, Any]:
+        """Where the run's wall time went, as the server computes it now from
+        the run's events and the times its steps were logged.
+
+        ``goodput`` is productive time over wall time (0 to 1; None when no
+        step was ever logged), ``wall_s`` the first attempt's start to the
+        last one's end (now while ``running``), ``productive_s`` the time on
+        steps no later attempt redid; the rest is ``startup_s`` (starts to
+        first steps), ``rerun_s`` (steps a later attempt did again,
+        ``steps_re_run`` of them), ``stop_s`` (last steps to ends) and
+        ``restart_s`` (ends to the next starts), in seconds. ``attempts``
+        has one flat dict per attempt, oldest first, with the same
+        durations (they add up to ``wall_s``), so
+        ``pandas.DataFrame(run.goodput()["attempts"])`` is a table of them;
+        ``interruptions`` one per restart or relaunch, with ``lost_s``."""
+        return self._api._get(f"reading the goodput of run {self.id}", f"/runs/{self.id}/goodput")
+
     def media(self, key: str | None = None) -> list[dict[str, Any]]:
         """The images and videos logged (of ``key`` only, when given), oldest
         first: ``{"key", "step", "type", "file", "format", "width", "height",

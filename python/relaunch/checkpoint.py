@@ -374,13 +374,21 @@ class Checkpointer:
         """
         if verify not in ("sizes", "full"):
             raise ValueError(f'verify must be "sizes" or "full", got {verify!r}')
-        found = [c for t in self._tiers if (c := t.newest(verify == "full", 3)) is not None]
-        newest = max(found, key=lambda c: c.step, default=None)
+        newest, found = self._newest(verify == "full", 3)
         if self._memory is not None and self.rank == 0:
             _say_resume(newest, found)
+        return newest
+
+    def _newest(self, full: bool, stacklevel: int) -> tuple[Checkpoint | None, list[Checkpoint]]:
+        found = []
+        for tier in self._tiers:  # a loop, not a comprehension: one frame less
+            checkpoint = tier.newest(full, stacklevel)
+            if checkpoint is not None:
+                found.append(checkpoint)
+        newest = max(found, key=lambda c: c.step, default=None)
         # What the caller resumes from: later saves must be after it.
         self._floor, self._floor_known = (newest.step if newest else None), True
-        return newest
+        return newest, found
 
     def load(
         self,
@@ -450,7 +458,7 @@ class Checkpointer:
             with warnings.catch_warnings():
                 if self.rank != 0:
                     warnings.simplefilter("ignore")
-                newest = self.latest()
+                newest, _ = self._newest(False, 3)
             self._floor, self._floor_known = (newest.step if newest else None), True
         if self._floor is not None and step <= self._floor:
             raise ValueError(
