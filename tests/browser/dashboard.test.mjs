@@ -255,6 +255,84 @@ run.finish(timeout=30)
   assert.deepEqual(w.errors, []);
 });
 
+test('goodput: a run with a restart shows a bar per attempt with the server\'s numbers', async (t) => {
+  const w = await World.start(t);
+  // Attempt 0 logs steps 0..14 and is killed; attempt 1 resumes at step 10
+  // (5 steps re-run) and runs to step 29.
+  const script = join(w.dir, 'goodput.py');
+  writeFileSync(script, `
+import os, signal, time
+import relaunch
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+run = relaunch.init()
+for s in (range(0, 15) if restart == 0 else range(10, 30)):
+    time.sleep(0.05)
+    run.log({"loss": 1.0 / (s + 1)}, step=s)
+run.flush(timeout=30)
+if restart == 0:
+    os.kill(os.getpid(), signal.SIGKILL)
+run.finish(timeout=30)
+`);
+  const job = w.spawn(RELAUNCH, ['run', '--server', w.clientUrl, '--project', 'goodput', '--run-id', 'gp1',
+    '--nproc-per-node', '1', '--max-restarts', '1', '--monitor-interval', '0.1',
+    '--tracking-dir', join(w.dir, 'client'), script], { env: w.env({ PYTHON_EXEC: PYTHON }) });
+  await until(() => job.exitCode !== null, 'the job to end', 90000);
+  assert.equal(job.exitCode, 0, job.output.slice(-3000));
+
+  const page = await w.page();
+  await page.goto(`${w.url}/runs/gp1`);
+  await page.waitForSelector('details.goodput .goodput-row[data-attempt="1"] .seg', { timeout: 20000 });
+  const g = await page.evaluate(async () => (await fetch('/api/v1/runs/gp1/goodput')).json());
+  assert.equal(g.steps_re_run, 5);
+  assert.ok(g.goodput > 0 && g.goodput < 1, `goodput ${g.goodput}`);
+
+  // The numbers: goodput, steps re-run, the interruption's cost.
+  const percent = `${(g.goodput * 100).toFixed(1)}%`;
+  assert.equal(await page.textContent('details.goodput summary [data-field=goodput]'), percent);
+  assert.equal(await page.textContent('.goodput-numbers [data-field=goodput]'), percent);
+  assert.equal(await page.textContent('.goodput-numbers [data-field=steps_re_run]'), '5');
+  assert.equal(await page.textContent('.goodput-numbers [data-field=interruptions]'), '1');
+  const lost = await page.getAttribute('tr[data-interruption="0"] td[data-field=lost_s]', 'data-seconds');
+  assert.equal(Number(lost), g.interruptions[0].lost_s);
+  assert.equal(await page.textContent('tr[data-interruption="0"] td[data-field=steps_re_run]'), '5');
+  const labels = await page.$$eval('.goodput-row .goodput-label', (ls) => ls.map((l) => l.textContent));
+  assert.deepEqual(labels, ['attempt 0', 'attempt 1']);
+  const legend = await page.$$eval('.goodput-legend [data-total]', (ks) => ks.map((k) => k.dataset.total));
+  assert.deepEqual(legend, ['startup_s', 'productive_s', 'rerun_s', 'stop_s', 'restart_s']);
+
+  // The bars: each segment is its share of the wall time, and the two
+  // rows together span the whole time line.
+  const rows = await page.$$eval('.goodput-row', (rs) => rs.map((r) => {
+    const bar = r.querySelector('.goodput-bar');
+    const total = bar.getBoundingClientRect().width;
+    const gap = r.querySelector('.seg-gap');
+    return {
+      attempt: Number(r.dataset.attempt),
+      start: gap ? gap.getBoundingClientRect().width / total : 0,
+      segs: [...r.querySelectorAll('.seg')].map((s) => ({
+        field: s.dataset.seg, seconds: Number(s.dataset.seconds), share: s.getBoundingClientRect().width / total,
+      })),
+    };
+  }));
+  assert.equal(rows.length, 2);
+  for (const [i, row] of rows.entries()) {
+    const a = g.attempts[i];
+    assert.equal(row.attempt, a.attempt);
+    const fields = ['startup_s', 'productive_s', 'rerun_s', 'stop_s', 'restart_s'].filter((f) => a[f] > 0);
+    assert.deepEqual(row.segs.map((s) => s.field), fields);
+    for (const s of row.segs) {
+      assert.equal(s.seconds, a[s.field]);
+      assert.ok(Math.abs(s.share - a[s.field] / g.wall_s) < 0.01, `${s.field}: ${s.share} of the bar, ${a[s.field] / g.wall_s} of the wall`);
+    }
+  }
+  assert.ok(rows[0].segs.some((s) => s.field === 'rerun_s'), 'attempt 0 shows its re-run steps');
+  const end = rows[1].start + rows[1].segs.reduce((sum, s) => sum + s.share, 0);
+  assert.ok(Math.abs(end - 1) < 0.01, `the last attempt ends at ${end} of the time line`);
+  assert.doesNotMatch(await page.textContent('details.goodput'), /null|undefined|NaN/);
+  await w.screenshot(page, 'run-goodput');
+  assert.deepEqual(w.errors, []);
+});
+
 test('a hang: its report among the run\'s events, every rank\'s step time charted', async (t) => {
   const w = await World.start(t);
   const script = join(w.dir, 'hang.py');

@@ -3,7 +3,7 @@
 //! and events ([`batch`]) and the column format of bulk reads
 //! ([`columns`]), the file protocol and its chunker ([`files`],
 //! its zip entry cuts in [`zip_cuts`] and safetensors cuts in
-//! [`safetensors_cuts`]).
+//! [`safetensors_cuts`]), and a run's goodput ([`goodput`]).
 //! The server and the client both depend on this crate and never on each
 //! other.
 
@@ -12,6 +12,7 @@ pub mod chunk_limits;
 pub mod columns;
 pub mod files;
 pub mod float;
+pub mod goodput;
 pub mod names;
 pub mod safetensors_cuts;
 pub mod types;
@@ -22,6 +23,7 @@ pub use files::{
     ChunkQuery, ChunkRef, ChunkUpload, ChunkUploads, DirectChunk, FileInfo, FileManifest,
     MissingChunks, UploadQuery,
 };
+pub use goodput::{AttemptEnd, AttemptGoodput, Goodput, Interruption};
 pub use types::*;
 
 /// Every path starts with this.

@@ -37,6 +37,14 @@ pub fn check_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `key` is a system metric the launcher samples (`system/...`,
+/// `gpu/...`), whose step is the wall-clock time in milliseconds since the
+/// Unix epoch, not a training step: readers show it as a time, and goodput
+/// leaves it out of the steps.
+pub fn step_is_wall_millis(key: &str) -> bool {
+    key.starts_with("system/") || key.starts_with("gpu/")
+}
+
 /// Longest event kind, in bytes.
 pub const MAX_EVENT_KIND: usize = 64;
 

@@ -40,12 +40,9 @@
 //! devices stacked on them are not counted twice. Network filesystems show
 //! up as network traffic; InfiniBand/RDMA traffic is not counted.
 
-/// Whether `key` is one the launcher logs from this sampler, whose step is
-/// the wall-clock time in milliseconds since the Unix epoch (not a
-/// training step): readers show it as a time.
-pub fn step_is_wall_millis(key: &str) -> bool {
-    key.starts_with("system/") || key.starts_with("gpu/")
-}
+/// Whether `key` is one the launcher logs from this sampler (the rule
+/// lives in `relaunch-api`, which the server applies too).
+pub use relaunch_api::names::step_is_wall_millis;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;

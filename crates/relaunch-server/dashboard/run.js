@@ -1,9 +1,11 @@
-// One run: its charts (live while it runs, restarts marked), system
-// metrics, console logs, events, files and checkpoints, and params. The
-// tab and every chart setting live in the query string.
+// One run: its goodput (a bar per attempt, above the tabs), its charts
+// (live while it runs, restarts marked), system metrics, console logs,
+// events, files and checkpoints, and params. The tab and every chart
+// setting live in the query string.
 
 import { api, fileUrl, qs } from './api.js';
 import { Chart, columns, fetchSeries, markerPositions, smooth } from './chart.js';
+import { goodputView } from './goodput.js';
 import { logsView } from './logs.js';
 import { mediaView } from './media.js';
 import {
@@ -31,7 +33,9 @@ export function runPage(root, id) {
   const tabs = h('nav', { class: 'tabs' });
   const body = h('div', { class: 'tab-body' });
   const message = h('div');
-  root.append(head, message, tabs, body);
+  const goodput = h('div');
+  root.append(head, message, goodput, tabs, body);
+  let gp = null;
   crumbs(h('a', { href: '/' }, 'runs'), h('span', {}, id));
 
   function renderHead() {
@@ -86,6 +90,9 @@ export function runPage(root, id) {
       Object.assign(ctx, { run, events, keys });
       renderHead();
       message.replaceChildren();
+      // Not awaited: a slow goodput read never holds up the tab.
+      if (gp) gp.refresh();
+      else gp = goodputView(goodput, ctx);
       if (first) {
         renderTabs();
         switchTab(tab);

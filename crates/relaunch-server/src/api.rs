@@ -70,8 +70,8 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// A heavy read: one whose answer can be large or whose work grows with
 /// the data (a series of up to `MAX_BUCKETS` buckets over millions of
 /// points, a page of up to 100,000 console lines, a listing of up to
-/// 100,000 runs, the keys or latest values of every run a filter selects).
-/// It waits for its turn without holding a thread (`reads.rs`) and answers
+/// 100,000 runs, the keys or latest values of every run a filter selects,
+/// a run's goodput over all its chunk summaries). It waits for its turn without holding a thread (`reads.rs`) and answers
 /// JSON serialized on the blocking thread. Light reads (one run, a
 /// watermark, a run's keys, latest values or events) and every write go
 /// through [`blocking`] at once. There is no CSV export on the server: a
@@ -568,6 +568,20 @@ pub(crate) async fn events(
     Ok(Json(
         blocking(&state.storage, move |s| s.events(&id)).await?,
     ))
+}
+
+/// `GET /runs/{id}/goodput`: where the run's time went (`goodput.rs`), at
+/// the server's clock. A heavy read: it groups the run's chunk summaries
+/// and may decode the chunks a resumed attempt redid.
+pub(crate) async fn goodput(
+    State(state): State<AppState>,
+    RunId(id): RunId,
+) -> Result<Response, AppError> {
+    heavy(&state, move |s| {
+        let timeline = s.timeline(&id)?;
+        Ok(crate::goodput::compute(&id, &timeline, now()))
+    })
+    .await
 }
 
 pub(crate) async fn openapi() -> impl IntoResponse {

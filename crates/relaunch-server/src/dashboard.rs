@@ -46,6 +46,7 @@ static ASSETS: &[Asset] = &[
     asset!("app.js", JS),
     asset!("chart.js", JS),
     asset!("compare.js", JS),
+    asset!("goodput.js", JS),
     asset!("logs.js", JS),
     asset!("media.js", JS),
     asset!("parallel.js", JS),

@@ -10,6 +10,7 @@ mod conn;
 mod dashboard;
 mod error;
 pub mod files;
+pub mod goodput;
 pub mod migrate;
 pub mod names;
 mod reads;
@@ -155,6 +156,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{id}/history", get(api::history))
         .route("/runs/{id}/logs", get(api::logs))
         .route("/runs/{id}/events", get(api::events))
+        .route("/runs/{id}/goodput", get(api::goodput))
         .route("/runs/{id}/files", post(files::commit).get(files::list))
         .route(
             "/runs/{id}/files/{*name}",

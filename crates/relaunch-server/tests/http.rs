@@ -1336,3 +1336,85 @@ async fn too_many_config_filters_are_a_400_that_names_the_limit() {
         );
     }
 }
+
+#[tokio::test]
+async fn goodput_answers_per_attempt_and_404_for_an_unknown_run() {
+    for server in Server::each(None, 1 << 20) {
+        let (status, body) = server.get("/api/v1/runs/nope/goodput").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{}", server.name());
+        let e = error(&body);
+        assert_eq!(e.kind, "not_found");
+        assert!(e.error.contains("nope"), "{}", e.error);
+
+        // Two attempts: steps 0..=9 then, from a restart, 5..=14.
+        for (token, started) in [("L:0", 0.0), ("L:1", 20.0)] {
+            let init =
+                serde_json::json!({"id": "g", "attempt_token": token, "attempt_started": started});
+            let (status, _) = server.json("POST", "/api/v1/runs", init).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        let batch = |token: &str,
+                     steps: std::ops::RangeInclusive<i64>,
+                     base: f64,
+                     events: &[(&str, f64)]| {
+            let mut records: Vec<Record> = events
+                .iter()
+                .map(|(kind, wall)| Record::Event {
+                    kind: (*kind).into(),
+                    wall: *wall,
+                    text: String::new(),
+                    data: String::new(),
+                })
+                .collect();
+            records.extend(steps.map(|step| Record::Metrics {
+                step,
+                wall: base + step as f64,
+                rank: 0,
+                values: vec![("loss".into(), 1.0)],
+            }));
+            Batch {
+                writer: format!("w-{}", token.replace(':', "-")),
+                attempt_token: token.into(),
+                records: records
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, r)| (i as u64 + 1, r))
+                    .collect(),
+            }
+        };
+        let first = batch("L:0", 0..=9, 1.0, &[("start", 0.0), ("restart", 12.0)]);
+        let second = batch("L:1", 5..=14, 20.0, &[("start", 20.0), ("finished", 40.0)]);
+        for b in [first, second] {
+            assert_eq!(server.batch("g", &b).await.0, StatusCode::OK);
+        }
+        let (status, body) = server.get("/api/v1/runs/g/goodput").await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let g: relaunch_api::Goodput = serde_json::from_slice(&body).unwrap();
+        assert_eq!((g.run.as_str(), g.running, g.wall_s), ("g", false, 40.0));
+        // Attempt 0: start-up 1, steps 0..=4 kept (1 to 5), re-run 5..=9
+        // (5 to 10), stop to 12, restart to 20. Attempt 1: start-up 5,
+        // steps 25 to 34, stop to 40.
+        let a: Vec<(f64, f64, f64, f64, f64, u64)> = g
+            .attempts
+            .iter()
+            .map(|a| {
+                (
+                    a.startup_s,
+                    a.productive_s,
+                    a.rerun_s,
+                    a.stop_s,
+                    a.restart_s,
+                    a.steps_re_run,
+                )
+            })
+            .collect();
+        assert_eq!(
+            a,
+            [(1.0, 4.0, 5.0, 2.0, 8.0, 5), (5.0, 9.0, 0.0, 6.0, 0.0, 0)]
+        );
+        assert_eq!(g.goodput, Some(13.0 / 40.0));
+        assert_eq!(g.interruptions[0].lost_s, 5.0 + 2.0 + 8.0 + 5.0);
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["attempts"][0]["ended"], "restart");
+    }
+}

@@ -691,6 +691,12 @@ mod gated {
         fn events(&self, run: &str) -> Result<Vec<Event>, StorageError> {
             self.inner.events(run)
         }
+        fn timeline(
+            &self,
+            run: &str,
+        ) -> Result<relaunch_server::storage::timeline::Timeline, StorageError> {
+            self.inner.timeline(run)
+        }
         fn commit_file(
             &self,
             run: &str,

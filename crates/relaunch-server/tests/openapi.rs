@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use relaunch_api::{
-    Ack, ApiError, ChunkQuery, ChunkRef, ChunkUpload, ChunkUploads, DirectChunk, Event, FileInfo,
-    FileManifest, Health, Latest, LogLine, MissingChunks, RunInfo, RunInit, RunLatest, RunPatch,
-    RunStatus, Series, SeriesPoint, Stream, UploadQuery,
+    Ack, ApiError, AttemptEnd, AttemptGoodput, ChunkQuery, ChunkRef, ChunkUpload, ChunkUploads,
+    DirectChunk, Event, FileInfo, FileManifest, Goodput, Health, Interruption, Latest, LogLine,
+    MissingChunks, RunInfo, RunInit, RunLatest, RunPatch, RunStatus, Series, SeriesPoint, Stream,
+    UploadQuery,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -311,6 +312,84 @@ fn every_schema_is_its_type() {
             limits: [("max_request_bytes".to_owned(), 1)].into(),
         },
     );
+}
+
+fn sample_attempt_goodput() -> AttemptGoodput {
+    AttemptGoodput {
+        attempt: 1,
+        launch: 0,
+        launch_attempt: Some(1),
+        start: 1.0,
+        first_step_at: Some(2.0),
+        kept_step_at: Some(3.0),
+        last_step_at: Some(4.0),
+        end: 5.0,
+        ended: AttemptEnd::Restart,
+        first_step: Some(0),
+        last_step: Some(9),
+        redone_from: Some(5),
+        startup_s: 1.0,
+        productive_s: 1.0,
+        rerun_s: 1.0,
+        stop_s: 1.0,
+        restart_s: 1.0,
+        steps_re_run: 5,
+    }
+}
+
+fn sample_interruption() -> Interruption {
+    Interruption {
+        attempt: 1,
+        reason: AttemptEnd::Restart,
+        at: 5.0,
+        rerun_s: 1.0,
+        steps_re_run: 5,
+        stop_s: 1.0,
+        restart_s: 1.0,
+        startup_s: 1.0,
+        lost_s: 4.0,
+    }
+}
+
+#[test]
+fn the_goodput_schemas_are_their_types() {
+    check("AttemptGoodput", &sample_attempt_goodput());
+    check("Interruption", &sample_interruption());
+    check(
+        "Goodput",
+        &Goodput {
+            run: "r".into(),
+            now: 9.0,
+            running: false,
+            started: Some(1.0),
+            ended: Some(6.0),
+            wall_s: 5.0,
+            productive_s: 1.0,
+            goodput: Some(0.2),
+            startup_s: 1.0,
+            rerun_s: 1.0,
+            stop_s: 1.0,
+            restart_s: 1.0,
+            steps_re_run: 5,
+            attempts: vec![sample_attempt_goodput()],
+            interruptions: vec![sample_interruption()],
+        },
+    );
+    let doc = document();
+    let described: BTreeSet<String> = doc["components"]["schemas"]["AttemptEnd"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let ends: BTreeSet<String> = AttemptEnd::ALL
+        .iter()
+        .map(|e| e.as_str().to_owned())
+        .collect();
+    assert_eq!(described, ends);
+    for end in AttemptEnd::ALL {
+        assert_eq!(serde_json::to_value(end).unwrap(), end.as_str());
+    }
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod postgres;
 pub mod runs;
 pub mod s3;
 pub mod sqlite;
+pub mod timeline;
 pub mod transfer;
 mod writeback;
 
@@ -111,6 +112,12 @@ pub trait Storage: Send + Sync + 'static {
     fn log_tail(&self, run: &str, rank: Option<u32>, n: u32) -> Result<Vec<LogLine>, StorageError>;
 
     fn events(&self, run: &str) -> Result<Vec<Event>, StorageError>;
+
+    /// What a run's goodput is computed from ([`timeline::gather`] over
+    /// the backend's [`timeline::TimelineSource`], on one read snapshot):
+    /// its attempts, lifecycle events and when each attempt's steps were
+    /// logged.
+    fn timeline(&self, run: &str) -> Result<timeline::Timeline, StorageError>;
 
     /// Makes `file` visible in the run, replacing a file of the same name,
     /// in one step: a reader sees the old file or the new one, whole. The

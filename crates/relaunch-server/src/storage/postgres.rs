@@ -38,6 +38,7 @@ mod connect;
 mod filters;
 mod listen;
 pub mod schema;
+mod timeline;
 mod transfer;
 
 use std::time::Duration;
@@ -62,6 +63,7 @@ use super::chunk::Summary;
 use super::downsample::{ChunkMeta, assemble};
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
 use super::sqlite::Durability;
+use super::timeline::{Timeline, gather};
 use super::{Storage, StorageError};
 use postgres::fallible_iterator::FallibleIterator as _;
 
@@ -701,6 +703,14 @@ impl Storage for PgStorage {
                     data: runs::json_from(r.get(5)),
                 })
                 .collect())
+        })
+    }
+
+    fn timeline(&self, run: &str) -> Result<Timeline, StorageError> {
+        self.read(|tx| {
+            get_run(tx, run)?;
+            let chunks = PgChunks { tx };
+            Ok(gather(&mut timeline::PgTimeline { run, chunks })?)
         })
     }
 

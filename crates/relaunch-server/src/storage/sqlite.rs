@@ -28,12 +28,14 @@ use super::chunk::Summary;
 use super::downsample::{ChunkMeta, assemble};
 use super::ingest;
 use super::runs::{self, MAX_PAGE, ProjectRule, now_or};
+use super::timeline::{Timeline, gather};
 use super::{Storage, StorageError};
 
 mod batches;
 mod filters;
 mod readers;
 mod schema;
+mod timeline;
 mod transfer;
 mod writer;
 pub use self::schema::SCHEMA_VERSION;
@@ -585,6 +587,16 @@ impl Storage for SqliteStorage {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(backend)?;
             Ok(rows)
+        })
+    }
+
+    fn timeline(&self, run: &str) -> Result<Timeline, StorageError> {
+        self.read(|conn| {
+            // One snapshot for every query.
+            let tx = conn.unchecked_transaction().map_err(backend)?;
+            get_run(&tx, run)?;
+            let chunks = SqliteChunks { conn: &tx };
+            gather(&mut timeline::SqliteTimeline { run, chunks })
         })
     }
 
