@@ -99,12 +99,16 @@ class Writer:
         fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             st = os.fstat(fd)
-            if st.st_size > size:
-                os.ftruncate(fd, size)
-            # Allocated before it is mapped: a full tmpfs says ENOSPC here,
-            # where a write through the mapping would be killed by SIGBUS.
-            os.posix_fallocate(fd, 0, size)
-            mapping = self._mapping(fd, st.st_ino, size)
+            held = self._maps.get(st.st_ino)
+            if held is not None and held[1] == size == st.st_size:
+                mapping = held[0]  # written before at this size: allocated, mapped
+            else:
+                if st.st_size > size:
+                    os.ftruncate(fd, size)
+                # Allocated before it is mapped: a full tmpfs says ENOSPC
+                # here, where a write through the mapping would be SIGBUS.
+                os.posix_fallocate(fd, 0, size)
+                mapping = self._mapping(fd, st.st_ino, size)
         finally:
             os.close(fd)
         _PREFIX.pack_into(mapping, 0, MAGIC, plan.end, len(header))
