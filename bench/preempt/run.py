@@ -1,7 +1,7 @@
 """The preemption benchmarks: goodput under repeated preemption, and restart
 latency after a crash, each an end-to-end proof that fails loudly.
 
-    .venv/bin/python bench/preempt/run.py [--only goodput|crash] [--repeat 2] [--seed 0]
+    .venv/bin/python bench/preempt/run.py [--only goodput|crash|memory] [--repeat 2] [--seed 0]
 
 Both run `bench/preempt/train.py` (2 ranks, gloo, CPU, a DataLoader with
 workers over 1001 synthetic samples, `relaunch.InterruptibleSampler`,
@@ -40,6 +40,18 @@ target (at most 1 meets it). With DataLoader workers (`--num-workers 2`)
 and without (`0`), `--repeat` times each, medians. Checked: the launcher
 restarts once and exits 0, the second attempt resumes after the last
 checkpoint and the job finishes.
+
+**A killed rank, from disk or from memory** (`--only memory`). The job (2
+epochs, 126 steps) with disk checkpoints every 50 steps, three ways:
+torchrun with rank 0 `torch.save`-ing every 50 steps (`--plain-save`, no
+relaunch in the job), `relaunch run` with the Checkpointer on disk only,
+and `relaunch run` with `memory_every=1` as well; each SIGKILLed in rank 1
+after the same random steps (`--repeat` of them, past step 55). Measured:
+steps re-run, the gap from the last step done before the kill to the
+first step done after it, and the time until the job is back past the
+newest step done before the kill (the gap plus the re-run steps).
+Checked: memory_every=1 re-runs at most 1 step, and its final state is
+bitwise the disk-only run's.
 
 Results go to stdout (markdown rows) and bench/out/preempt.json.
 """
@@ -97,10 +109,21 @@ def check(ok: bool, message: str) -> None:
 class Job:
     """One `relaunch run` of train.py, its log in DIR/logs/NAME.log."""
 
-    def __init__(self, dir: Path, name: str, launcher: list[str], train: list[str]) -> None:
+    def __init__(
+        self,
+        dir: Path,
+        name: str,
+        launcher: list[str],
+        train: list[str],
+        torchrun: bool = False,
+    ) -> None:
         (dir / "logs").mkdir(parents=True, exist_ok=True)
         self.log = dir / "logs" / f"{name}.log"
-        cmd = [RELAUNCH, "run", "--nproc-per-node", str(NPROC), "--log-dir", str(dir / "logs")]
+        if torchrun:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd += ["--nproc-per-node", str(NPROC)]
+        else:
+            cmd = [RELAUNCH, "run", "--nproc-per-node", str(NPROC), "--log-dir", str(dir / "logs")]
         cmd += [*launcher, str(TRAIN), *train]
         self.command = cmd
         with self.log.open("w") as out:
@@ -327,6 +350,14 @@ def goodput(dir: Path, seed: int) -> dict[str, Any]:
             )
             stored += len(got)
         attempts = run["attempts"]
+        # What the tracker itself says of both runs (GET /runs/ID/goodput).
+        tracked = {name: api(url, f"/runs/{rid}/goodput") for name, rid in
+                   (("uninterrupted", ref_id), ("preempted", pre_id))}  # fmt: skip
+        for name, g in tracked.items():
+            parts = sum(g[k] for k in ("productive_s", "startup_s", "rerun_s", "stop_s",
+                                        "restart_s"))  # fmt: skip
+            check(abs(parts - g["wall_s"]) < 0.01, f"{name}: goodput parts {parts} != wall")
+        check(tracked["preempted"]["steps_re_run"] == 0, "the tracker counts re-run steps")
 
     # Timings.
     pre_wall = launches[-1]["exited"] - launches[0]["started"]
@@ -372,6 +403,7 @@ def goodput(dir: Path, seed: int) -> dict[str, Any]:
         "restart_s": restart,
         "lost_per_preemption_s": lost,
         "launches": launches,
+        "tracker_goodput": tracked,
     }
     return result
 
@@ -450,9 +482,112 @@ def crash(dir: Path, repeat: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+MEMORY_MODES = ("torchrun + torch.save", "relaunch, disk only", "relaunch, memory_every=1")
+DISK_EVERY = 50
+
+
+def memory_crash_once(dir: Path, mode: str, kill_after: int, rng: random.Random) -> dict[str, Any]:
+    """One SIGKILL of rank 1 after step `kill_after`, with disk checkpoints
+    every 50 steps and, in the last mode, a memory snapshot every step."""
+    timing = dir / "timing"
+    train = ["--epochs", "2", "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
+    train += ["--step-time", str(STEP_TIME), "--num-workers", "2", "--ckpt-every", str(DISK_EVERY)]
+    train += ["--ckpt-dir", str(dir / "ckpt"), "--timing", str(timing)]
+    train += ["--final", str(dir / "final.pt")]
+    torchrun = mode.startswith("torchrun")
+    if torchrun:
+        train.append("--plain-save")
+    if "memory" in mode:
+        train += ["--memory-every", "1"]
+    # torchrun's restarted gloo mesh sometimes fails to connect (refused):
+    # it gets restarts to spare, and the gap runs to the attempt that trained.
+    launcher = ["--max-restarts", "3"] if torchrun else ["--max-restarts", "1"]
+    launcher += [] if torchrun else ["--run-id", f"mem-{dir.name}"]
+    job = Job(dir, "crash", launcher, train, torchrun=torchrun)
+    try:
+        wait_for_step(job, timing, 1, 0, 0, kill_after)
+        time.sleep(rng.uniform(0, STEP_TIME))
+        victim = read_timing(timing, 0, 0, 1)["pid"]
+        killed = time.time()
+        subprocess.run(["kill", "-KILL", str(victim)], check=True)
+        code = job.wait()
+    finally:
+        job.kill()
+    check(code == 0, f"{mode}: the job exited {code}, not 0 after its restarts\n{job.tail()}")
+    records = timing.glob("launch0.attempt*.rank0.json")
+    attempts = sorted(int(p.name.split(".")[1].removeprefix("attempt")) for p in records)
+    second = read_timing(timing, 0, attempts[-1], 0)
+    check(second.get("finished") is True, f"{mode}: the restarted attempt did not finish")
+    done = [(r, s, t) for r in range(NPROC) for (_, at, s, t) in steps_done(timing, r) if at == 0]
+    last_before = max(t for _, _, t in done if t <= killed)
+    newest_step = max(s for _, s, t in done if t <= killed)
+    # Progress back where it was: the new attempt's first step past the
+    # newest one done before the kill (the re-run steps' time included).
+    back = min(
+        t
+        for r in range(NPROC)
+        for (_, at, s, t) in steps_done(timing, r)
+        if at == attempts[-1] and s > newest_step
+    )
+    return {
+        "back_to_progress_s": back - last_before,
+        "command": " ".join(job.command),
+        "gap_s": second["first_step_done"] - last_before,
+        "steps_rerun": newest_step - second["start_step"] + 1,
+        "kill_to_restarted_process_s": second["process_start"] - killed,
+        "startup_second_attempt_s": second["first_step_done"] - second["process_start"],
+        "resumed_at_step": second["start_step"],
+        "killed_after_step": newest_step,
+        "restarts": attempts[-1],
+    }
+
+
+def memory(dir: Path, repeat: int, seed: int) -> dict[str, Any]:
+    """The three modes, each killed after the same random steps; the final
+    states of the memory mode checked bitwise against the disk-only run's."""
+    rng = random.Random(seed)
+    kills = [rng.randint(DISK_EVERY + 5, 2 * STEPS_PER_EPOCH - 10) for _ in range(repeat)]
+    out: dict[str, Any] = {"kill_after_steps": kills, "modes": {}}
+    finals: dict[str, list[Path]] = {}
+    for mode in MEMORY_MODES:
+        samples = []
+        for i, kill_after in enumerate(kills):
+            sub = dir / f"{MEMORY_MODES.index(mode)}-{i}"
+            sample = memory_crash_once(sub, mode, kill_after, rng)
+            finals.setdefault(mode, []).append(sub / "final.pt")
+            print(
+                f"  {mode}: killed after step {sample['killed_after_step']}, resumed at "
+                f"{sample['resumed_at_step']} ({sample['steps_rerun']} re-run), gap "
+                f"{sample['gap_s']:.2f} s, back past step {sample['killed_after_step']} after "
+                f"{sample['back_to_progress_s']:.2f} s (kill to restarted process "
+                f"{sample['kill_to_restarted_process_s']:.2f} s)",
+                flush=True,
+            )
+            samples.append(sample)
+        out["modes"][mode] = {
+            "steps_rerun": [s["steps_rerun"] for s in samples],
+            "gap_s": statistics.median(s["gap_s"] for s in samples),
+            "kill_to_restarted_process_s": statistics.median(
+                s["kill_to_restarted_process_s"] for s in samples
+            ),
+            "startup_second_attempt_s": statistics.median(
+                s["startup_second_attempt_s"] for s in samples
+            ),
+            "back_to_progress_s": statistics.median(s["back_to_progress_s"] for s in samples),
+            "runs": samples,
+        }
+    reference = torch.load(finals["relaunch, disk only"][0])
+    for path in finals["relaunch, memory_every=1"]:
+        diff = equal_state(reference, torch.load(path))
+        check(not diff, f"memory snapshots changed the final state: {diff[:3]}")
+    worst = max(out["modes"]["relaunch, memory_every=1"]["steps_rerun"])
+    check(worst <= 1, f"memory_every=1 re-ran {worst} steps after a kill, more than 1")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=["goodput", "crash"], default=None)
+    p.add_argument("--only", choices=["goodput", "crash", "memory"], default=None)
     p.add_argument("--repeat", type=int, default=2, help="crash samples per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -486,6 +621,14 @@ def main() -> int:
                 f"| lost per preemption (median) | {med(g['lost_per_preemption_s']):.2f} s |\n",
                 flush=True,
             )
+            for name, t in g["tracker_goodput"].items():
+                print(
+                    f"tracker, {name}: goodput {t['goodput']:.3f}, wall {t['wall_s']:.2f} s, "
+                    f"productive {t['productive_s']:.2f} s, start-up {t['startup_s']:.2f} s, "
+                    f"stop {t['stop_s']:.2f} s, restart {t['restart_s']:.2f} s, re-run "
+                    f"{t['rerun_s']:.2f} s ({t['steps_re_run']} steps)",
+                    flush=True,
+                )
         if a.only in (None, "crash"):
             print("restart latency after a crash", flush=True)
             rows = crash(dir, a.repeat, a.seed)
@@ -494,6 +637,16 @@ def main() -> int:
             for r in rows:
                 print(f"| {r['name']} | {r['relaunch']:.2f} s | {r['peer']:.2f} s | "
                       f"{r['ratio']:.2f}x |")  # fmt: skip
+        if a.only in (None, "memory"):
+            print("a killed rank: disk checkpoints every 50 steps vs memory snapshots", flush=True)
+            m = memory(dir / "memory", a.repeat, a.seed)
+            result["memory"] = m
+            print("\n| mode | steps re-run | gap: last step to first after | back past the "
+                  "last step | kill to new process |\n|---|---|---|---|---|")  # fmt: skip
+            for mode, r in m["modes"].items():
+                print(f"| {mode} | {r['steps_rerun']} | {r['gap_s']:.2f} s | "
+                      f"{r['back_to_progress_s']:.2f} s | "
+                      f"{r['kill_to_restarted_process_s']:.2f} s |")  # fmt: skip
     except Failed as e:
         print(f"FAILED: {e}", file=sys.stderr, flush=True)
         print(f"(files kept in {dir})", file=sys.stderr)

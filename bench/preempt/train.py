@@ -34,6 +34,7 @@ atexit.register(lambda: _EXIT_STAMP and _EXIT_STAMP[0].write_text(repr(time.time
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -46,7 +47,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import relaunch  # noqa: E402
-from relaunch import preemption  # noqa: E402
+
+# relaunch.preemption turns SIGTERM into a stop request when imported: not
+# in the torchrun peer (--plain-save), which must stop as torchrun's jobs do.
+preemption = None if "--plain-save" in sys.argv else importlib.import_module("relaunch.preemption")
 
 
 def process_start() -> float:
@@ -99,6 +103,15 @@ class Timing:
         os.replace(tmp, self.path)
 
 
+def checkpoint(model: DDP, opt: torch.optim.Optimizer, sampler: object, step: int) -> dict:
+    return {
+        "model": model.module.state_dict(),
+        "opt": opt.state_dict(),
+        "sampler": sampler.state_dict(),  # type: ignore[attr-defined]
+        "step": step,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt-dir", type=Path, required=True)
@@ -111,11 +124,19 @@ def main() -> None:
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--ckpt-every", type=int, default=20)
     p.add_argument("--step-time", type=float, default=0.03)
+    p.add_argument("--memory-every", type=int, default=None)
+    p.add_argument(
+        "--plain-save",
+        action="store_true",
+        help="torch.save to CKPT_DIR/state.pt every --ckpt-every steps, no Checkpointer "
+        "(the peer under torchrun)",
+    )
     a = p.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    a.ckpt_dir.mkdir(parents=True, exist_ok=True)
     timing = Timing(a.timing, a.launch, attempt, rank)
     timing.set(init_done=time.time())
     run = relaunch.init(config=vars(a)) if os.environ.get("RELAUNCH_SERVER") else None
@@ -128,13 +149,22 @@ def main() -> None:
         torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    ckpt = relaunch.Checkpointer(a.ckpt_dir, keep_last=2, save_every=a.ckpt_every)
+    ckpt = None
+    if not a.plain_save:
+        ckpt = relaunch.Checkpointer(
+            a.ckpt_dir, keep_last=2, save_every=a.ckpt_every, memory_every=a.memory_every
+        )
 
     timing.set(ready=time.time())
     step = 0
-    resume = ckpt.latest()
-    if resume is not None:
-        state = resume.load_file("state.pt")
+    plain = a.ckpt_dir / "state.pt"
+    state = None
+    if ckpt is not None:
+        resume = ckpt.latest()
+        state = resume.load_file("state.pt") if resume is not None else None
+    elif plain.exists():
+        state = torch.load(plain)
+    if state is not None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sampler.load_state_dict(state["sampler"])
@@ -159,16 +189,17 @@ def main() -> None:
                 first = False
             if a.step_time:
                 time.sleep(max(0.0, a.step_time - (time.monotonic() - began)))
-            stopped = preemption.reached(step)
-            with ckpt.save(step, force=stopped) as path:
-                if path is not None and rank == 0:
-                    state = {
-                        "model": model.module.state_dict(),
-                        "opt": opt.state_dict(),
-                        "sampler": sampler.state_dict(),
-                        "step": step,
-                    }
-                    torch.save(state, path / "state.pt")
+            stopped = preemption is not None and preemption.reached(step)
+            if ckpt is None:
+                # What a torchrun job does: rank 0 saves every N steps,
+                # atomically at best (a temporary name, then a rename).
+                if rank == 0 and step % a.ckpt_every == 0:
+                    torch.save(checkpoint(model, opt, sampler, step), plain.with_suffix(".tmp"))
+                    os.replace(plain.with_suffix(".tmp"), plain)
+            else:
+                with ckpt.save(step, force=stopped) as path:
+                    if path is not None and rank == 0:
+                        torch.save(checkpoint(model, opt, sampler, step), path / "state.pt")
             if stopped:
                 timing.set(stop_step=step, stop_epoch=epoch, stop_saved=time.time())
                 break
@@ -179,7 +210,8 @@ def main() -> None:
         timing.set(stop_step=step - 1, finished=True)
         if rank == 0 and a.final is not None:
             torch.save({"model": model.module.state_dict(), "opt": opt.state_dict()}, a.final)
-    ckpt.close()  # waits for the checkpoint's upload, if shipping
+    if ckpt is not None:
+        ckpt.close()  # waits for the checkpoint's upload, if shipping
     if run is not None:
         run.finish(timeout=60)
     # DDP holds the process group in reference cycles: free both while the
