@@ -27,9 +27,10 @@ import mmap
 import os
 import pickle
 import struct
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from relaunch._checkpoint_stage import rebuild
 
 MAGIC = b"RELAUNCH-SNAP/1\n"
 _PREFIX = struct.Struct("<16sQQ")
@@ -156,33 +157,23 @@ class _Plan:
         self._memo: dict[tuple, _Ref] = {}
 
     def walk(self, obj: Any) -> Any:
+        return rebuild(obj, self._leaf)
+
+    def _leaf(self, obj: Any) -> Any:
         torch = self.torch
-        if isinstance(obj, torch.Tensor):
-            if (
-                obj.layout == torch.strided
-                and not obj.is_quantized
-                and obj.device.type
-                in (
-                    "cpu",
-                    "cuda",
-                )
-            ):
-                return self._tensor(obj)
-            return obj.detach().to("cpu", copy=True)
-        if isinstance(obj, Mapping):
-            items = [(k, self.walk(v)) for k, v in obj.items()]
-            if type(obj) is dict:
-                return dict(items)
-            try:
-                return type(obj)(items)
-            except TypeError:
-                return dict(items)
-        if isinstance(obj, list):
-            return [self.walk(v) for v in obj]
-        if isinstance(obj, tuple):
-            items = [self.walk(v) for v in obj]
-            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-        return obj
+        if not isinstance(obj, torch.Tensor):
+            return obj
+        if (
+            obj.layout == torch.strided
+            and not obj.is_quantized
+            and obj.device.type
+            in (
+                "cpu",
+                "cuda",
+            )
+        ):
+            return self._tensor(obj)
+        return obj.detach().to("cpu", copy=True)
 
     def _tensor(self, t: Any) -> _Ref:
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype)
@@ -217,7 +208,9 @@ def load(path: Path, map_location: Any, torch: Any) -> Any:
 
 
 def _restore(obj: Any, data: mmap.mmap, map_location: Any, torch: Any, memo: dict) -> Any:
-    if isinstance(obj, _Ref):
+    def leaf(obj: Any) -> Any:
+        if not isinstance(obj, _Ref):
+            return obj
         if id(obj) in memo:  # tied tensors: one _Ref, kept one by pickle
             return memo[id(obj)]
         dtype = getattr(torch, obj.dtype)
@@ -233,20 +226,8 @@ def _restore(obj: Any, data: mmap.mmap, map_location: Any, torch: Any, memo: dic
         tensor.requires_grad_(obj.requires_grad)
         memo[id(obj)] = tensor
         return tensor
-    if isinstance(obj, Mapping):
-        items = [(k, _restore(v, data, map_location, torch, memo)) for k, v in obj.items()]
-        if type(obj) is dict:
-            return dict(items)
-        try:
-            return type(obj)(items)
-        except TypeError:
-            return dict(items)
-    if isinstance(obj, list):
-        return [_restore(v, data, map_location, torch, memo) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_restore(v, data, map_location, torch, memo) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    return obj
+
+    return rebuild(obj, leaf)
 
 
 def _copy_out(tensor: Any, data: mmap.mmap, offset: int, nbytes: int, torch: Any) -> None:

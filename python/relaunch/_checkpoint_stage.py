@@ -4,7 +4,7 @@ reusing the previous save's buffers."""
 from __future__ import annotations
 
 import copy as _copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -53,24 +53,33 @@ class Stager:
         return buf
 
     def _copy(self, obj: Any) -> Any:
+        return rebuild(obj, self._leaf)
+
+    def _leaf(self, obj: Any) -> Any:
         if isinstance(obj, self._torch.Tensor):
             return self._tensor(obj)
-        if isinstance(obj, Mapping):
-            items = [(k, self._copy(v)) for k, v in obj.items()]
-            if type(obj) is dict:
-                return dict(items)
-            try:
-                return type(obj)(items)
-            except TypeError:
-                return dict(items)
-        if isinstance(obj, list):
-            return [self._copy(v) for v in obj]
-        if isinstance(obj, tuple):
-            items = [self._copy(v) for v in obj]
-            return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
         if obj is None or isinstance(obj, str | bytes | int | float | bool):
             return obj
         try:
             return _copy.deepcopy(obj)
         except Exception:
             return obj
+
+
+def rebuild(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``obj`` with its dicts (and other mappings), lists, tuples and named
+    tuples rebuilt, and ``leaf`` applied to everything else in them."""
+    if isinstance(obj, Mapping):
+        items = [(k, rebuild(v, leaf)) for k, v in obj.items()]
+        if type(obj) is dict:
+            return dict(items)
+        try:
+            return type(obj)(items)
+        except TypeError:
+            return dict(items)
+    if isinstance(obj, list):
+        return [rebuild(v, leaf) for v in obj]
+    if isinstance(obj, tuple):
+        items = [rebuild(v, leaf) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return leaf(obj)
