@@ -24,6 +24,7 @@ use crate::straggler::StepTimes;
 use crate::torch::TorchVersion;
 use crate::tracking::{EndKind, Tracker};
 use crate::worker::ExitKind;
+use crate::zygote::Zygote;
 use crate::{Outcome, orphans};
 
 /// First pause before a restart; it doubles each time, up to the maximum.
@@ -235,6 +236,9 @@ async fn run_attempts(
     // counts them (an elastic job counts them in the store instead).
     let mut number: u32 = 0;
     let mut restarts: u32 = 0;
+    // The warm interpreter restarted workers fork from; started with the
+    // first attempt, replaced when it fails.
+    let mut warm: Option<Zygote> = None;
     loop {
         let attempt = tokio::select! {
             begun = coordinator.begin(config, store, number, restarts) => begun?,
@@ -283,6 +287,10 @@ async fn run_attempts(
             snapshot: snapshots.map(|dir| (dir.path().to_path_buf(), dir.budget())),
         };
         let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
+        let mut ready = zygote_if_ready(&mut warm, out);
+        let imported = ready
+            .as_mut()
+            .and_then(|z| z.ready().ok().flatten().map(|names| names.join(", ")));
         let mut group = WorkerGroup::start(
             config,
             &attempt_env,
@@ -292,7 +300,23 @@ async fn run_attempts(
             out,
             hostname,
             &tap,
+            &mut ready,
         )?;
+        if group.warm() > 0 {
+            out.notice(format!(
+                "relaunch: {} worker(s) started warm, forked from an interpreter that had \
+                 imported {}",
+                group.warm(),
+                imported.as_deref().unwrap_or("nothing"),
+            ));
+        }
+        warm = ready.or(warm);
+        if warm.is_none() {
+            warm = start_zygote(config, &group, layout.root(), out);
+        }
+        if let Some(zygote) = &warm {
+            group.spare(zygote.pid());
+        }
         // This node's heartbeats (elastic) go on until the attempt is over
         // here, the grace period and the exit barrier included.
         let _keep_alive;
@@ -326,7 +350,7 @@ async fn run_attempts(
         group.kill_all();
         let second_signal = async { while !stops_the_job(signals.recv().await) {} };
         orphans::stop_leftovers(
-            &group.pids(),
+            &group.ours(),
             Signal::SIGTERM,
             config.shutdown_timeout,
             second_signal,
@@ -469,6 +493,54 @@ async fn run_attempts(
     }
 }
 
+/// The warm interpreter, taken out of `warm` if it is ready to fork
+/// workers; left there while it is still importing; dropped (and said)
+/// when it can no longer serve, so a new one is started.
+fn zygote_if_ready(warm: &mut Option<Zygote>, out: &ConsoleSender) -> Option<Zygote> {
+    let zygote = warm.as_mut()?;
+    match zygote.ready() {
+        Ok(Some(_)) => warm.take(),
+        Ok(None) => {
+            out.notice(
+                "relaunch: the warm interpreter is still importing; this restart starts cold",
+            );
+            None
+        }
+        Err(why) => {
+            out.notice(format!(
+                "relaunch: warning: no warm restart this time: {why}; starting a new warm interpreter"
+            ));
+            *warm = None;
+            None
+        }
+    }
+}
+
+/// Starts a warm interpreter for the next restarts, where the job restarts
+/// (`--max-restarts` above 0, or an elastic node range) and runs Python.
+fn start_zygote(
+    config: &LaunchConfig,
+    group: &WorkerGroup,
+    logs: &std::path::Path,
+    out: &ConsoleSender,
+) -> Option<Zygote> {
+    let target = config.entrypoint.warm.as_ref()?;
+    let restarts = config.max_restarts > 0 || config.nnodes.min != config.nnodes.max;
+    if !config.warm_restarts || !restarts {
+        return None;
+    }
+    Zygote::start(
+        &config.entrypoint.python,
+        target,
+        group.common_env(),
+        &logs.join("zygote.log"),
+    )
+    .inspect_err(|why| {
+        out.notice(format!("relaunch: warning: restarts start cold: {why}"));
+    })
+    .ok()
+}
+
 /// Watches one attempt until it ends.
 #[allow(clippy::too_many_arguments)]
 async fn supervise(
@@ -553,7 +625,7 @@ async fn supervise(
                         tracker.straggler(&text, &straggler.to_json());
                     }
                 }
-                let reaped = orphans::reap_exited(&group.pids());
+                let reaped = orphans::reap_exited(&group.ours());
                 if reaped > 0 {
                     tracing::debug!(reaped, "reaped exited orphans of the workers");
                 }

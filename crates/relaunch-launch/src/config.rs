@@ -293,6 +293,18 @@ pub struct Entrypoint {
     /// launcher would have used, whose torch the program most likely
     /// imports (asked for its version: [`crate::torch`]).
     pub python: OsString,
+    /// What a warm interpreter runs in a forked worker ([`crate::zygote`]);
+    /// `None` with `--no-python`, which has no Python to keep warm.
+    pub warm: Option<WarmTarget>,
+}
+
+/// A Python entry point as a warm interpreter runs it: `python -u script
+/// args` or `python -u -m module args`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmTarget {
+    pub script: OsString,
+    pub module: bool,
+    pub args: Vec<OsString>,
 }
 
 impl Entrypoint {
@@ -317,18 +329,24 @@ impl Entrypoint {
                 program: script,
                 args,
                 python,
+                warm: None,
             });
         }
         let mut full = vec![OsString::from("-u")];
         if module {
             full.push("-m".into());
         }
-        full.push(script);
-        full.extend(args);
+        full.push(script.clone());
+        full.extend(args.iter().cloned());
         Ok(Self {
             program: python.clone(),
             args: full,
             python,
+            warm: Some(WarmTarget {
+                script,
+                module,
+                args,
+            }),
         })
     }
 }
@@ -374,6 +392,9 @@ pub struct LaunchConfig {
     pub worker_tty: WorkerTty,
     /// The memory tier of checkpoints (`--snapshot-memory`); `None`: off.
     pub snapshot: Option<SnapshotConfig>,
+    /// Restarted workers fork from a warm interpreter (`--warm-restarts`,
+    /// [`crate::zygote`]).
+    pub warm_restarts: bool,
 }
 
 /// The memory tier of checkpoints (`--snapshot-memory`): where the
@@ -580,6 +601,7 @@ mod tests {
             virtual_local_rank: false,
             worker_tty: WorkerTty::Auto,
             snapshot: None,
+            warm_restarts: false,
         }
     }
 

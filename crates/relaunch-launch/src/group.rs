@@ -1,7 +1,9 @@
 //! One attempt's workers on this node: start them all, report each exit,
 //! stop them all with a grace period.
 
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -22,6 +24,7 @@ use crate::pty::{self, Pty};
 use crate::report::{ErrorFile, Failure};
 use crate::tracking::LineTap;
 use crate::worker::{self, ExitKind};
+use crate::zygote::{self, Zygote};
 use relaunch_client::beat::Beats;
 use unicode_width::UnicodeWidthStr as _;
 
@@ -48,9 +51,20 @@ struct Member {
     stderr_tail: Tail,
 }
 
+/// How a worker's exit is awaited: a child the launcher started, or one a
+/// warm interpreter forked ([`zygote::wait`]).
+type ExitFuture = Pin<Box<dyn Future<Output = ExitKind> + Send>>;
+
 /// The running workers of one attempt.
 pub struct WorkerGroup {
     members: Vec<Member>,
+    /// How many of them a warm interpreter forked.
+    warm: usize,
+    /// The environment every worker got the same (for a warm interpreter).
+    common_env: Vec<(String, String)>,
+    /// Children of the launcher that are not workers and not leftovers of
+    /// them: the warm interpreter.
+    spared: Vec<Pid>,
     exits: mpsc::UnboundedReceiver<Exit>,
     /// Waiters and output pumps; output is complete once they all finish.
     tasks: JoinSet<()>,
@@ -86,6 +100,7 @@ impl WorkerGroup {
         console: &ConsoleSender,
         hostname: &str,
         tap: &dyn Fn(usize) -> Option<LineTap>,
+        zygote: &mut Option<Zygote>,
     ) -> Result<Self, LaunchError> {
         let (exit_tx, exits) = mpsc::unbounded_channel();
         let duplicates = if config.duplicate_filters == DuplicateFilters::default() {
@@ -105,6 +120,9 @@ impl WorkerGroup {
         };
         let mut group = Self {
             members: Vec::with_capacity(config.nproc_per_node),
+            warm: 0,
+            common_env: Vec::new(),
+            spared: zygote.as_ref().map(Zygote::pid).into_iter().collect(),
             exits,
             tasks: JoinSet::new(),
         };
@@ -129,6 +147,7 @@ impl WorkerGroup {
                     tap,
                     &duplicates,
                     &exit_tx,
+                    zygote,
                 )
             });
             if let Err(e) = started {
@@ -151,11 +170,21 @@ impl WorkerGroup {
         tap: Option<LineTap>,
         duplicates: &Duplicates,
         exit_tx: &mpsc::UnboundedSender<Exit>,
+        zygote: &mut Option<Zygote>,
     ) -> Result<(), LaunchError> {
         let error_file = dir.join("error.json");
         // A stale file would be read as this attempt's error.
         let _ = std::fs::remove_file(&error_file);
         let env = worker_env(attempt, place, &error_file, dir, |k| std::env::var(k).ok());
+        if self.members.is_empty() {
+            self.common_env = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect();
+        } else {
+            self.common_env
+                .retain(|(k, v)| env.iter().any(|(k2, v2)| k == k2 && v == v2));
+        }
         // Before the worker starts: its first beat maps the record.
         let beat_file = dir.join(BEAT_FILE);
         let beats = Beats::create(&beat_file)
@@ -176,33 +205,79 @@ impl WorkerGroup {
             .is_none_or(|f| f.contains(&place.local_rank));
         let redirected = config.redirects.for_rank(place.local_rank);
         let to_console = [shown && !redirected.stdout, shown && !redirected.stderr];
-        let mut readers = [None, None];
-        let mut output = [Stdio::piped(), Stdio::piped()];
+        // The worker's ends, and ours: a pseudo-terminal for a stream the
+        // console shows on a terminal, a pipe otherwise.
+        let mut readers = Vec::with_capacity(2);
+        let mut writers = Vec::with_capacity(2);
         for stream in [Stream::Stdout, Stream::Stderr] {
             let index = stream as usize;
             if wants_terminal(config.worker_tty, stream, to_console[index])
                 && let Some(Pty { reader, worker }) = open_terminal(&prefix)
             {
-                readers[index] = Some(reader);
-                output[index] = Stdio::from(worker);
+                readers.push((reader, Decoder::terminal()));
+                writers.push(worker);
+                continue;
             }
+            let (reader, writer) = pipe()?;
+            readers.push((reader, Decoder::pipe()));
+            writers.push(writer);
         }
-        let [stdout, stderr] = output;
-        let mut child = worker::spawn(&config.entrypoint, &env, place.local_rank, stdout, stderr)?;
-        let pid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw)
-            .ok_or_else(|| {
-                LaunchError::io(
-                    "a worker exited before it could be watched",
-                    std::io::ErrorKind::Other.into(),
-                )
-            })?;
-
+        let warm = zygote.as_mut().map(|z| {
+            z.fork(&env, writers[0].as_fd(), writers[1].as_fd())
+                .map_err(|why| {
+                    console.notice(format!(
+                        "relaunch: warning: rank {} starts cold, and so do the next restarts' \
+                         workers until a new warm interpreter is ready: {why}",
+                        place.global_rank
+                    ));
+                })
+        });
+        let (pid, exited): (Pid, ExitFuture) = match warm {
+            Some(Ok(pid)) => {
+                self.warm += 1;
+                (pid, Box::pin(zygote::wait(pid)))
+            }
+            failed => {
+                if failed.is_some() {
+                    // A zygote that failed once is not asked again.
+                    *zygote = None;
+                }
+                let [stdout, stderr]: [OwnedFd; 2] = writers.try_into().map_err(|_| {
+                    LaunchError::io("a worker's output", std::io::ErrorKind::Other.into())
+                })?;
+                let mut child = worker::spawn(
+                    &config.entrypoint,
+                    &env,
+                    place.local_rank,
+                    Stdio::from(stdout),
+                    Stdio::from(stderr),
+                )?;
+                let pid = child
+                    .id()
+                    .and_then(|id| i32::try_from(id).ok())
+                    .map(Pid::from_raw)
+                    .ok_or_else(|| {
+                        LaunchError::io(
+                            "a worker exited before it could be watched",
+                            std::io::ErrorKind::Other.into(),
+                        )
+                    })?;
+                let waited = async move {
+                    match child.wait().await {
+                        Ok(status) => ExitKind::from_status(status),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot wait for a worker");
+                            ExitKind::Code(-1)
+                        }
+                    }
+                };
+                (pid, Box::pin(waited))
+            }
+        };
         let tail = Tail::default();
         let (stdout_log, stderr_log) = (dir.join("stdout.log"), dir.join("stderr.log"));
-        for (stream, file) in [(Stream::Stdout, &stdout_log), (Stream::Stderr, &stderr_log)] {
+        let streams = [(Stream::Stdout, &stdout_log), (Stream::Stderr, &stderr_log)];
+        for ((stream, file), (reader, decoder)) in streams.into_iter().zip(readers) {
             let index = stream as usize;
             let duplicate = match stream {
                 Stream::Stdout => &duplicates.stdout,
@@ -217,33 +292,12 @@ impl WorkerGroup {
                 tap: tap.clone(),
                 duplicate: duplicate.clone().filter(|_| to_console[index]),
             };
-            if let Some(reader) = readers[index].take() {
-                self.tasks.spawn(pump(reader, sink, Decoder::terminal()));
-                continue;
-            }
-            match stream {
-                Stream::Stdout => {
-                    if let Some(out) = child.stdout.take() {
-                        self.tasks.spawn(pump(out, sink, Decoder::pipe()));
-                    }
-                }
-                Stream::Stderr => {
-                    if let Some(err) = child.stderr.take() {
-                        self.tasks.spawn(pump(err, sink, Decoder::pipe()));
-                    }
-                }
-            }
+            self.tasks.spawn(pump(reader, sink, decoder));
         }
         let local_rank = place.local_rank;
         let exit_tx = exit_tx.clone();
         self.tasks.spawn(async move {
-            let kind = match child.wait().await {
-                Ok(status) => ExitKind::from_status(status),
-                Err(e) => {
-                    tracing::warn!(local_rank, error = %e, "cannot wait for a worker");
-                    ExitKind::Code(-1)
-                }
-            };
+            let kind = exited.await;
             let _ = exit_tx.send(Exit {
                 local_rank,
                 kind,
@@ -263,6 +317,32 @@ impl WorkerGroup {
             stderr_tail: tail,
         });
         Ok(())
+    }
+
+    /// How many workers a warm interpreter forked.
+    pub fn warm(&self) -> usize {
+        self.warm
+    }
+
+    /// The environment every worker of this attempt got the same: what a
+    /// warm interpreter for the next attempts starts with.
+    pub fn common_env(&self) -> &[(String, String)] {
+        &self.common_env
+    }
+
+    /// Tells the group that `pid`, a child of the launcher, is not a
+    /// leftover of its workers.
+    pub fn spare(&mut self, pid: Pid) {
+        self.spared.push(pid);
+    }
+
+    /// The workers' process ids and the spared ones: every child of the
+    /// launcher that is not a leftover.
+    pub fn ours(&self) -> Vec<Pid> {
+        self.pids()
+            .into_iter()
+            .chain(self.spared.iter().copied())
+            .collect()
     }
 
     /// Process ids of the workers, by local rank.
@@ -439,6 +519,16 @@ impl Drop for WorkerGroup {
             worker::signal_group(m.pid, Signal::SIGKILL);
         }
     }
+}
+
+/// A pipe for a worker's stream: ours to read (registered with Tokio) and
+/// the worker's end, both close-on-exec.
+fn pipe() -> Result<(tokio::net::unix::pipe::Receiver, OwnedFd), LaunchError> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| LaunchError::io("cannot make a pipe for a worker's output", e.into()))?;
+    let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(read)
+        .map_err(|e| LaunchError::io("cannot read a worker's output pipe", e))?;
+    Ok((reader, write))
 }
 
 /// Whether a worker's `stream`, shown on the console or not, gets a

@@ -36,6 +36,7 @@ pub mod torch;
 pub mod tracking;
 pub mod vterm;
 pub mod worker;
+pub mod zygote;
 
 use std::path::PathBuf;
 

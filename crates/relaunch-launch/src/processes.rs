@@ -378,6 +378,7 @@ fn start(
         program: spec.program.clone(),
         args: spec.args.clone(),
         python: spec.program.clone(),
+        warm: None,
     };
     let mut child = worker::spawn(
         &entrypoint,

@@ -8,8 +8,8 @@
 
 // One of relaunch's few unsafe blocks (ARCHITECTURE.md lists them):
 // `pre_exec` runs between fork and exec, where only async-signal-safe
-// calls are allowed. The closure makes three
-// system calls through `nix` and allocates nothing.
+// calls are allowed. The closure makes three (four, for the warm
+// interpreter's socket) system calls through `nix` and allocates nothing.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -78,20 +78,38 @@ where
         .stdin(Stdio::inherit())
         .stdout(stdout)
         .stderr(stderr);
-    let launcher = nix::unistd::getpid();
-    // SAFETY: the closure only makes async-signal-safe system calls (setsid,
-    // prctl, getppid) and builds errors from raw errno values, which does not
-    // allocate.
-    unsafe {
-        command
-            .as_std_mut()
-            .pre_exec(move || become_worker(launcher));
-    }
+    arm(&mut command, None);
     command.spawn().map_err(|source| LaunchError::Spawn {
         local_rank,
         program: entrypoint.program.to_string_lossy().into_owned(),
         source,
     })
+}
+
+/// Makes whatever `command` starts a worker ([`become_worker`]) and, with
+/// `keep`, lets it inherit that descriptor (made close-on-exec by its
+/// owner, so no other child ever inherits it).
+pub fn arm(command: &mut Command, keep: Option<std::os::fd::RawFd>) {
+    let launcher = nix::unistd::getpid();
+    // SAFETY: the closure only makes async-signal-safe system calls (setsid,
+    // prctl, getppid, fcntl) and builds errors from raw errno values, which
+    // does not allocate.
+    unsafe {
+        command.as_std_mut().pre_exec(move || {
+            become_worker(launcher)?;
+            if let Some(fd) = keep {
+                // SAFETY: `fd` is open in the parent for as long as the
+                // command is being spawned; the child has its copy.
+                let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+                nix::fcntl::fcntl(
+                    fd,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )
+                .map_err(io::Error::from)?;
+            }
+            Ok(())
+        });
+    }
 }
 
 /// What makes a process a worker that cannot outlive its launcher: a

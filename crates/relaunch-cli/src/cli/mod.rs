@@ -22,7 +22,7 @@ pub use reads::{
 };
 pub(crate) use reads::{ExportFormat, ListFormat, MetricsFormat, ShowFormat};
 pub use run::RunArgs;
-pub(crate) use run::{RdzvBackend, WorkerTtyChoice};
+pub(crate) use run::{RdzvBackend, WarmRestarts, WorkerTtyChoice};
 pub(crate) use server::{DurabilityArg, MigrateArgs};
 pub use server::{ServerArgs, ServerCommand};
 pub use store::{ServeArgs, StoreCommand};

@@ -31,6 +31,13 @@ pub enum WorkerTtyChoice {
     Never,
 }
 
+/// `--warm-restarts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WarmRestarts {
+    On,
+    Off,
+}
+
 /// Options of `relaunch run`: torchrun's, under the same names (both
 /// `--nproc-per-node` and `--nproc_per_node`, and `PET_*` variables).
 #[derive(Clone, Debug, Args)]
@@ -269,6 +276,22 @@ pub struct RunArgs {
         value_name = "SIZE"
     )]
     pub snapshot_memory: Option<usize>,
+
+    /// Restarted workers fork from an interpreter that has already imported torch and the
+    /// script's third-party imports, kept by the launcher while a job that can restart runs
+    /// (--max-restarts above 0, or a range of nodes), so a restart costs the backoff and joining
+    /// the process group. It never runs training code; its log is zygote.log in the log
+    /// directory. Modules it imports see no rank environment (RANK, LOCAL_RANK) at import time,
+    /// and CUDA must be initialised after the fork, as a cold worker does. off: every worker
+    /// starts a new interpreter.
+    #[arg(
+        long = "warm-restarts",
+        env = "RELAUNCH_WARM_RESTARTS",
+        value_enum,
+        default_value = "on",
+        value_name = "WHEN"
+    )]
+    pub warm_restarts: WarmRestarts,
 
     /// Every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES), as torchrun's
     /// --virtual-local-rank.

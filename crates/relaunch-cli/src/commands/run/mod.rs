@@ -15,7 +15,7 @@ use relaunch_launch::tracking::{DEFAULT_EXIT_TIMEOUT, EXIT_TIMEOUT_ENV};
 use relaunch_launch::{LaunchError, Outcome, TrackingConfig};
 
 use crate::Context;
-use crate::cli::{RdzvBackend, RunArgs, WorkerTtyChoice};
+use crate::cli::{RdzvBackend, RunArgs, WarmRestarts, WorkerTtyChoice};
 use scheduler::{Requeue, Source, Sourced};
 
 mod hostlist;
@@ -442,6 +442,7 @@ fn resolve(
         },
     ));
     sources.push(("snapshot_memory", tier.shown, tier.source));
+    sources.push(warm_restarts_source(args));
     let config = LaunchConfig {
         nproc_per_node,
         nnodes: args_nnodes,
@@ -496,6 +497,7 @@ fn resolve(
             WorkerTtyChoice::Never => WorkerTty::Never,
         },
         snapshot: tier.config,
+        warm_restarts: args.warm_restarts == WarmRestarts::On,
     };
     config.validate().map_err(|e| e.to_string())?;
     if args.virtual_local_rank
@@ -516,6 +518,26 @@ fn resolve(
         scheduler: alloc.map(|a| a.scheduler),
         warnings: tier.warning.into_iter().collect(),
     })
+}
+
+/// What `--print-config` says of `--warm-restarts`: whether restarted
+/// workers fork from a warm interpreter, and why not where they cannot.
+fn warm_restarts_source(args: &RunArgs) -> (&'static str, String, Source) {
+    let shown = if args.warm_restarts == WarmRestarts::Off {
+        "off".to_owned()
+    } else if args.no_python {
+        "off (--no-python: no Python to keep warm)".to_owned()
+    } else if args.max_restarts == 0 && args.nnodes.is_none_or(|n| n.min == n.max) {
+        "on (unused: --max-restarts 0 never restarts)".to_owned()
+    } else {
+        "on".to_owned()
+    };
+    let source = if args.warm_restarts == WarmRestarts::Off {
+        Source::Flag("--warm-restarts")
+    } else {
+        Source::Default("on".into())
+    };
+    ("warm_restarts", shown, source)
 }
 
 /// `--snapshot-memory`, resolved: the memory tier of checkpoints.

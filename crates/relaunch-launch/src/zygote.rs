@@ -1,0 +1,327 @@
+//! Warm restarts: a Python interpreter (`relaunch._zygote`) that the
+//! launcher starts while the job runs, which imports torch and the script's
+//! third-party imports and then waits. When the workers fail, the launcher
+//! asks it to fork one replacement per rank instead of starting new
+//! interpreters, so a restart costs the backoff and joining the process
+//! group rather than the imports.
+//!
+//! The zygote forks twice for each worker; the middle process exits at
+//! once, so the worker is reparented to the launcher (a subreaper) and the
+//! launcher waits on it, signals its session and kills it at its own death
+//! as it does a worker it started itself. The worker's stdout and stderr
+//! are the launcher's pipes (or pseudo-terminals), passed over a
+//! `SOCK_SEQPACKET` socket with `SCM_RIGHTS`. Every message is one JSON
+//! object; the protocol is described in `python/relaunch/_zygote.py`.
+//!
+//! Anything that goes wrong with the zygote (it is not ready yet, it
+//! refused, it died, it did not answer) makes that restart cold: a warm
+//! start is only ever faster, never a way for a restart to fail.
+
+use std::ffi::OsString;
+use std::io::IoSlice;
+use std::os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, recv, sendmsg, socketpair,
+};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+use crate::config::WarmTarget;
+use crate::worker::{self, ExitKind};
+
+/// Environment variables the zygote reads (`python/relaunch/_zygote.py`).
+const ENV_FD: &str = "RELAUNCH_ZYGOTE_FD";
+const ENV_SCRIPT: &str = "RELAUNCH_ZYGOTE_SCRIPT";
+const ENV_MODULE: &str = "RELAUNCH_ZYGOTE_MODULE";
+
+/// How long a fork request may take: two `fork`s of an interpreter that
+/// holds torch, milliseconds unless the machine is swapping.
+const FORK_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The largest message either side sends.
+const MESSAGE_MAX: usize = 1 << 22;
+
+/// Where the zygote is in its life.
+#[derive(Debug)]
+enum State {
+    /// Importing; no message yet.
+    Starting,
+    /// It imported these modules and waits for requests.
+    Ready(Vec<String>),
+    /// It refused, died or broke the protocol: why.
+    Gone(String),
+}
+
+/// A running warm interpreter.
+#[derive(Debug)]
+pub struct Zygote {
+    child: Child,
+    pid: Pid,
+    socket: OwnedFd,
+    state: State,
+    target: WarmTarget,
+}
+
+impl Zygote {
+    /// Starts `python -u -m relaunch._zygote` for `target` with the
+    /// launcher's environment and `env` (what every local rank shares), its
+    /// stderr appended to `log`.
+    pub fn start(
+        python: &OsString,
+        target: &WarmTarget,
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Self, String> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| format!("cannot make a socket pair: {e}"))?;
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+        let mut command = Command::new(python);
+        command
+            .args(["-u", "-m", "relaunch._zygote"])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .env(ENV_FD, theirs.as_raw_fd().to_string())
+            .env(
+                if target.module {
+                    ENV_MODULE
+                } else {
+                    ENV_SCRIPT
+                },
+                &target.script,
+            )
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true);
+        worker::arm(&mut command, Some(theirs.as_raw_fd()));
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", python.to_string_lossy()))?;
+        drop(theirs);
+        let pid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+            .ok_or("the warm interpreter exited at once")?;
+        Ok(Self {
+            child,
+            pid,
+            socket: ours,
+            state: State::Starting,
+            target: target.clone(),
+        })
+    }
+
+    /// Its process id: the launcher's child, not one of the workers.
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// The modules it imported once it is ready; `Ok(None)` while it is
+    /// still importing; `Err` (why) once it can no longer serve.
+    pub fn ready(&mut self) -> Result<Option<&[String]>, String> {
+        if let State::Starting = self.state {
+            match self.receive(Duration::ZERO) {
+                Ok(None) => {
+                    if let Some(why) = self.exited() {
+                        self.state = State::Gone(why);
+                    }
+                }
+                Ok(Some(message)) => {
+                    self.state = if let Some(ready) = message.get("ready") {
+                        let imported = ready["imported"]
+                            .as_array()
+                            .map(|names| {
+                                names
+                                    .iter()
+                                    .filter_map(|n| n.as_str().map(str::to_owned))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        State::Ready(imported)
+                    } else if let Some(why) = message.get("unfit").and_then(Value::as_str) {
+                        State::Gone(why.to_owned())
+                    } else {
+                        State::Gone(format!("it sent {message} instead of saying it was ready"))
+                    }
+                }
+                Err(why) => self.state = State::Gone(why),
+            }
+        }
+        if let State::Ready(_) = self.state
+            && let Some(why) = self.exited()
+        {
+            self.state = State::Gone(why);
+        }
+        match &self.state {
+            State::Starting => Ok(None),
+            State::Ready(imported) => Ok(Some(imported)),
+            State::Gone(why) => Err(why.clone()),
+        }
+    }
+
+    /// Forks a worker with `env` (added to the zygote's environment),
+    /// `stdout` and `stderr`; returns its pid. The worker is this process's
+    /// child by the time this returns (or a zombie of it).
+    pub fn fork<K, V>(
+        &mut self,
+        env: &[(K, V)],
+        stdout: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<Pid, String>
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        if !matches!(self.state, State::Ready(_)) {
+            return Err("the warm interpreter is not ready".into());
+        }
+        let result = self.request(env, stdout, stderr);
+        if let Err(why) = &result {
+            self.state = State::Gone(why.clone());
+        }
+        result
+    }
+
+    fn request<K, V>(
+        &mut self,
+        env: &[(K, V)],
+        stdout: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<Pid, String>
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let env: serde_json::Map<String, Value> = env
+            .iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), Value::from(v.as_ref())))
+            .collect();
+        let argv: Vec<String> = self
+            .target
+            .args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let message = json!({
+            "env": env,
+            "argv": argv,
+            "launcher": nix::unistd::getpid().as_raw(),
+        })
+        .to_string();
+        let fds = [stdout.as_raw_fd(), stderr.as_raw_fd()];
+        sendmsg::<()>(
+            self.socket.as_raw_fd(),
+            &[IoSlice::new(message.as_bytes())],
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .map_err(|e| format!("cannot ask the warm interpreter for a worker: {e}"))?;
+        let reply = self
+            .receive(FORK_PATIENCE)?
+            .ok_or_else(|| match self.exited() {
+                Some(why) => why,
+                None => format!("the warm interpreter did not answer in {FORK_PATIENCE:?}"),
+            })?;
+        if let Some(pid) = reply.get("pid").and_then(Value::as_i64) {
+            return i32::try_from(pid)
+                .map(Pid::from_raw)
+                .map_err(|_| format!("the warm interpreter sent pid {pid}"));
+        }
+        Err(reply
+            .get("error")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("it answered {reply}"), str::to_owned))
+    }
+
+    /// One message, waiting up to `patience`; `Ok(None)` if none came.
+    fn receive(&mut self, patience: Duration) -> Result<Option<Value>, String> {
+        let fd = self.socket.as_fd();
+        let timeout = PollTimeout::try_from(patience).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Ok(None),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => return Ok(None),
+            Err(e) => return Err(format!("cannot wait for the warm interpreter: {e}")),
+        }
+        let mut buffer = vec![0_u8; MESSAGE_MAX];
+        let n = recv(fd.as_raw_fd(), &mut buffer, MsgFlags::MSG_DONTWAIT)
+            .map_err(|e| format!("cannot read from the warm interpreter: {e}"))?;
+        if n == 0 {
+            return Err(self
+                .exited()
+                .unwrap_or_else(|| "the warm interpreter closed its socket".into()));
+        }
+        serde_json::from_slice(&buffer[..n])
+            .map(Some)
+            .map_err(|e| format!("the warm interpreter sent a message that is not JSON: {e}"))
+    }
+
+    /// Why it is no longer running, if it is not.
+    fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!(
+                "the warm interpreter exited with {} (its log says why)",
+                ExitKind::from_status(status).describe()
+            )),
+            Ok(None) => None,
+            Err(e) => Some(format!("cannot wait for the warm interpreter: {e}")),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // Its session: whatever it may have started goes with it.
+        worker::signal_group(self.pid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Waits for a worker the zygote forked (this process's child by
+/// reparenting, so not a `tokio::process::Child`) to exit.
+pub async fn wait(pid: Pid) -> ExitKind {
+    use tokio::signal::unix::{SignalKind, signal};
+    // SIGCHLD wakes the wait at once; the tick covers a signal that came
+    // before the stream existed.
+    let mut children = signal(SignalKind::child()).ok();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(_, code)) => return ExitKind::Code(code),
+            Ok(WaitStatus::Signaled(_, signal, _)) => return ExitKind::Signal(signal as i32),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%pid, error = %e, "cannot wait for a warm worker");
+                return ExitKind::Code(-1);
+            }
+        }
+        match children.as_mut() {
+            Some(stream) => {
+                tokio::select! {
+                    _ = stream.recv() => {}
+                    _ = tick.tick() => {}
+                }
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
+    }
+}
