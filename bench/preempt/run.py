@@ -42,16 +42,18 @@ restarts once and exits 0, the second attempt resumes after the last
 checkpoint and the job finishes.
 
 **A killed rank, from disk or from memory** (`--only memory`). The job (2
-epochs, 126 steps) with disk checkpoints every 50 steps, three ways:
+epochs, 126 steps) with disk checkpoints every 50 steps, four ways:
 torchrun with rank 0 `torch.save`-ing every 50 steps (`--plain-save`, no
 relaunch in the job), `relaunch run` with the Checkpointer on disk only,
-and `relaunch run` with `memory_every=1` as well; each SIGKILLed in rank 1
-after the same random steps (`--repeat` of them, past step 55). Measured:
-steps re-run, the gap from the last step done before the kill to the
-first step done after it, and the time until the job is back past the
-newest step done before the kill (the gap plus the re-run steps).
-Checked: memory_every=1 re-runs at most 1 step, and its final state is
-bitwise the disk-only run's.
+and `relaunch run` with `memory_every=1` as well, with cold restarts
+(`--warm-restarts off`) and warm ones (the default: the kill comes once
+the warm interpreter is ready); each SIGKILLed in rank 1 after the same
+random steps (`--repeat` of them, past step 55). Measured: steps re-run,
+the gap from the last step done before the kill to the first step done
+after it (and, for the restarted rank 0, where its start-up went), and the
+time until the job is back past the newest step done before the kill (the
+gap plus the re-run steps). Checked: memory_every=1 re-runs at most 1
+step, and its final state is bitwise the disk-only run's.
 
 Results go to stdout (markdown rows) and bench/out/preempt.json.
 """
@@ -164,10 +166,12 @@ def steps_done(timing: Path, rank: int) -> list[tuple[int, int, int, float]]:
     return out
 
 
-def wait_for_step(job: Job, timing: Path, rank: int, launch: int, attempt: int, step: int) -> int:
+def wait_for_step(
+    job: Job, timing: Path, rank: int, launch: int, attempt: int, step: int, patience: float = 300
+) -> int:
     """Waits until `rank` has done a step >= `step` in that launch and attempt,
     and at least 3 steps of it; returns the step it is at."""
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + patience
     while True:
         mine = [s for (lc, at, s, _) in steps_done(timing, rank) if (lc, at) == (launch, attempt)]
         if mine and mine[-1] >= step and len(mine) >= 3:
@@ -177,7 +181,7 @@ def wait_for_step(job: Job, timing: Path, rank: int, launch: int, attempt: int, 
                 f"the job ended before step {step} (exit {job.proc.returncode})\n{job.tail()}"
             )
         if time.monotonic() > deadline:
-            raise Failed(f"no step {step} within 300 s\n{job.tail()}")
+            raise Failed(f"no step {step} within {patience} s\n{job.tail()}")
         time.sleep(0.005)
 
 
@@ -482,7 +486,12 @@ def crash(dir: Path, repeat: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-MEMORY_MODES = ("torchrun + torch.save", "relaunch, disk only", "relaunch, memory_every=1")
+MEMORY_MODES = (
+    "torchrun + torch.save",
+    "relaunch, disk only",
+    "relaunch, memory_every=1, cold restart",
+    "relaunch, memory_every=1",
+)
 DISK_EVERY = 50
 
 
@@ -503,11 +512,35 @@ def memory_crash_once(dir: Path, mode: str, kill_after: int, rng: random.Random)
     # it gets restarts to spare, and the gap runs to the attempt that trained.
     launcher = ["--max-restarts", "3"] if torchrun else ["--max-restarts", "1"]
     launcher += [] if torchrun else ["--run-id", f"mem-{dir.name}"]
+    # relaunch restarts warm unless told not to.
+    launcher += ["--warm-restarts", "off"] if mode.endswith("cold restart") else []
     job = Job(dir, "crash", launcher, train, torchrun=torchrun)
     try:
-        wait_for_step(job, timing, 1, 0, 0, kill_after)
+        # The attempt that trains: torchrun's first gloo mesh sometimes
+        # fails to connect, and it restarts before any step.
+        first = 0
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                wait_for_step(job, timing, 1, 0, first, kill_after, patience=5)
+                break
+            except Failed:
+                if job.proc.poll() is not None:
+                    raise
+                if (timing / f"launch0.attempt{first + 1}.rank1.json").exists():
+                    first += 1
+                check(time.monotonic() < deadline, f"{mode}: no step {kill_after}\n{job.tail()}")
+        if not torchrun and not mode.endswith("cold restart"):
+            # The kill lands once the warm interpreter is ready, as it
+            # would in a job that has run for more than a few seconds.
+            zygote = next(dir.glob("logs/*/zygote.log"), None)
+            deadline = time.monotonic() + 120
+            while not (zygote and " ready in " in zygote.read_text()):
+                check(time.monotonic() < deadline, f"{mode}: no warm interpreter ready")
+                time.sleep(0.05)
+                zygote = next(dir.glob("logs/*/zygote.log"), None)
         time.sleep(rng.uniform(0, STEP_TIME))
-        victim = read_timing(timing, 0, 0, 1)["pid"]
+        victim = read_timing(timing, 0, first, 1)["pid"]
         killed = time.time()
         subprocess.run(["kill", "-KILL", str(victim)], check=True)
         code = job.wait()
@@ -518,7 +551,9 @@ def memory_crash_once(dir: Path, mode: str, kill_after: int, rng: random.Random)
     attempts = sorted(int(p.name.split(".")[1].removeprefix("attempt")) for p in records)
     second = read_timing(timing, 0, attempts[-1], 0)
     check(second.get("finished") is True, f"{mode}: the restarted attempt did not finish")
-    done = [(r, s, t) for r in range(NPROC) for (_, at, s, t) in steps_done(timing, r) if at == 0]
+    done = [
+        (r, s, t) for r in range(NPROC) for (_, at, s, t) in steps_done(timing, r) if at == first
+    ]
     last_before = max(t for _, _, t in done if t <= killed)
     newest_step = max(s for _, s, t in done if t <= killed)
     # Progress back where it was: the new attempt's first step past the
@@ -536,20 +571,32 @@ def memory_crash_once(dir: Path, mode: str, kill_after: int, rng: random.Random)
         "steps_rerun": newest_step - second["start_step"] + 1,
         "kill_to_restarted_process_s": second["process_start"] - killed,
         "startup_second_attempt_s": second["first_step_done"] - second["process_start"],
+        # Where the restarted rank 0's start-up went: to the process group,
+        # to building the loader, model and checkpointer, to finding and
+        # loading the checkpoint, to the first step (DataLoader workers'
+        # first batch included).
+        "startup_parts_s": {
+            "init_process_group": second["init_done"] - second["process_start"],
+            "build": second["ready"] - second["init_done"],
+            "resume": second["resumed"] - second["ready"],
+            "first_step": second["first_step_done"] - second["resumed"],
+        },
         "resumed_at_step": second["start_step"],
         "killed_after_step": newest_step,
         "restarts": attempts[-1],
     }
 
 
-def memory(dir: Path, repeat: int, seed: int) -> dict[str, Any]:
+def memory(
+    dir: Path, repeat: int, seed: int, modes: tuple[str, ...] = MEMORY_MODES
+) -> dict[str, Any]:
     """The three modes, each killed after the same random steps; the final
     states of the memory mode checked bitwise against the disk-only run's."""
     rng = random.Random(seed)
     kills = [rng.randint(DISK_EVERY + 5, 2 * STEPS_PER_EPOCH - 10) for _ in range(repeat)]
     out: dict[str, Any] = {"kill_after_steps": kills, "modes": {}}
     finals: dict[str, list[Path]] = {}
-    for mode in MEMORY_MODES:
+    for mode in modes:
         samples = []
         for i, kill_after in enumerate(kills):
             sub = dir / f"{MEMORY_MODES.index(mode)}-{i}"
@@ -574,14 +621,19 @@ def memory(dir: Path, repeat: int, seed: int) -> dict[str, Any]:
                 s["startup_second_attempt_s"] for s in samples
             ),
             "back_to_progress_s": statistics.median(s["back_to_progress_s"] for s in samples),
+            "startup_parts_s": {
+                part: statistics.median(s["startup_parts_s"][part] for s in samples)
+                for part in samples[0]["startup_parts_s"]
+            },
             "runs": samples,
         }
     reference = torch.load(finals["relaunch, disk only"][0])
-    for path in finals["relaunch, memory_every=1"]:
-        diff = equal_state(reference, torch.load(path))
-        check(not diff, f"memory snapshots changed the final state: {diff[:3]}")
-    worst = max(out["modes"]["relaunch, memory_every=1"]["steps_rerun"])
-    check(worst <= 1, f"memory_every=1 re-ran {worst} steps after a kill, more than 1")
+    for mode in MEMORY_MODES[2:]:
+        for path in finals[mode]:
+            diff = equal_state(reference, torch.load(path))
+            check(not diff, f"{mode}: the final state differs from disk only: {diff[:3]}")
+        worst = max(out["modes"][mode]["steps_rerun"])
+        check(worst <= 1, f"{mode} re-ran {worst} steps after a kill, more than 1")
     return out
 
 
@@ -591,6 +643,11 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=2, help="crash samples per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument(
+        "--skip-torchrun",
+        action="store_true",
+        help="--only memory without torchrun, whose restarted gloo mesh can time out here",
+    )
     a = p.parse_args()
     dir = Path(tempfile.mkdtemp(prefix="relaunch-bench-preempt-"))
     result: dict[str, Any] = {}
@@ -639,7 +696,8 @@ def main() -> int:
                       f"{r['ratio']:.2f}x |")  # fmt: skip
         if a.only in (None, "memory"):
             print("a killed rank: disk checkpoints every 50 steps vs memory snapshots", flush=True)
-            m = memory(dir / "memory", a.repeat, a.seed)
+            modes = MEMORY_MODES[1:] if a.skip_torchrun else MEMORY_MODES
+            m = memory(dir / "memory", a.repeat, a.seed, modes)
             result["memory"] = m
             print("\n| mode | steps re-run | gap: last step to first after | back past the "
                   "last step | kill to new process |\n|---|---|---|---|---|")  # fmt: skip
@@ -647,6 +705,9 @@ def main() -> int:
                 print(f"| {mode} | {r['steps_rerun']} | {r['gap_s']:.2f} s | "
                       f"{r['back_to_progress_s']:.2f} s | "
                       f"{r['kill_to_restarted_process_s']:.2f} s |")  # fmt: skip
+            for mode, r in m["modes"].items():
+                parts = ", ".join(f"{k} {v:.2f} s" for k, v in r["startup_parts_s"].items())
+                print(f"{mode}: the restarted rank 0's start-up: {parts}")
     except Failed as e:
         print(f"FAILED: {e}", file=sys.stderr, flush=True)
         print(f"(files kept in {dir})", file=sys.stderr)

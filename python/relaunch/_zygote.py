@@ -1,7 +1,9 @@
 """A warm interpreter for restarts: ``relaunch run`` starts this module
 (``python -u -m relaunch._zygote``) while a job runs, with the
-environment every local rank shares. It imports torch and the third-party
-modules the script imports at its top level, says it is ready, then waits.
+environment every local rank shares. It imports torch (with ``torch._dynamo``,
+which DistributedDataParallel loads when built), the modules
+``RELAUNCH_WARM_IMPORTS`` names and the installed modules the script
+imports at its top level, says it is ready, then waits.
 When workers fail and the launcher restarts them, it asks this process to
 fork one per rank instead of starting a new interpreter: the replacement
 skips the imports, so a restart costs the backoff and joining the process
@@ -46,6 +48,9 @@ import time
 ENV_FD = "RELAUNCH_ZYGOTE_FD"
 ENV_SCRIPT = "RELAUNCH_ZYGOTE_SCRIPT"
 ENV_MODULE = "RELAUNCH_ZYGOTE_MODULE"
+# More modules to import before forking, comma-separated (from the
+# launcher's environment): ones the job imports lazily, after start-up.
+ENV_IMPORTS = "RELAUNCH_WARM_IMPORTS"
 # Set in every worker the zygote forks: the script can tell (and say) that
 # it started warm.
 ENV_WARM = "RELAUNCH_WARM_START"
@@ -137,7 +142,12 @@ def preload(script: str | None, module: str | None) -> tuple[list[str], list[str
         if spec is not None and "." not in module and spec.origin and spec.origin.endswith(".py"):
             with open(spec.origin, "rb") as f:
                 source = f.read()
-    wanted = ["torch"]
+    # torch, and what torch imports lazily on a training job's first steps:
+    # DistributedDataParallel (and FSDP, torch.compile) import torch._dynamo
+    # when built, a second in this machine's worker. Then what the user
+    # names, then the script's own imports.
+    extra = [m.strip() for m in os.environ.get(ENV_IMPORTS, "").split(",") if m.strip()]
+    wanted = ["torch", "torch._dynamo", *extra]
     if source is not None:
         try:
             wanted += top_level_imports(source.decode("utf-8", "replace"))

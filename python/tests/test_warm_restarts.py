@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -36,6 +37,8 @@ preloaded = "torch" in sys.modules  # before this script imports it
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
+
+import relaunch
 
 class Squares(Dataset):
     def __len__(self):
@@ -64,6 +67,7 @@ def main():
         "nice": os.getpriority(os.PRIO_PROCESS, 0), "pid": os.getpid(), "ppid": os.getppid(),
         "sid": os.getsid(0), "sum": total.item(),
         "loaded": loaded, "zygote_vars": [k for k in os.environ if k.startswith("RELAUNCH_ZYGOTE")],
+        "stacks": relaunch._stacks._file.name if relaunch._stacks._file else None,
     }
     print(f"rank {rank} attempt {attempt} says hello", flush=True)
     partial = os.path.join(out, f".seen.{attempt}.{rank}")
@@ -73,16 +77,17 @@ def main():
     # crash: rank 1 exits 3 in attempt 0 once the zygote is ready; crash-now:
     # without waiting for it; crash-twice: in attempts 0 (once OUT/go exists)
     # and 1 (once a second zygote is ready); crash-sleep: crash, then sleep.
-    crash_in = {"crash-twice": ("0", "1")}.get(mode, ("0",))
+    crash_in = {"crash-twice": ("0", "1"), "crash-unfit": ("0", "1", "2")}.get(mode, ("0",))
+    said = " unfit for " if mode == "crash-unfit" else " ready in "
     if attempt in crash_in:
         deadline = time.monotonic() + 120
         while mode != "crash-now" and time.monotonic() < deadline:
-            ready = os.path.exists(zygote_log) and open(zygote_log).read().count(" ready in ")
+            ready = os.path.exists(zygote_log) and open(zygote_log).read().count(said)
             go = mode != "crash-twice" or attempt != "0" or os.path.exists(os.path.join(out, "go"))
             if ready > int(attempt) and go:
                 break
             time.sleep(0.05)
-        if rank == "1":
+        if int(rank) == int(os.environ["WORLD_SIZE"]) - 1:
             sys.exit(3)
         time.sleep(600)
     if mode == "crash-sleep":
@@ -177,6 +182,20 @@ def test_restarted_workers_are_forked_warm_and_run_the_script_as_a_cold_start_do
     wait_for(lambda: not alive(zygote), 10, "the warm interpreter to exit")
 
 
+def test_a_lone_warm_worker_gets_its_own_files_not_the_first_attempts(launcher, job, tmp_path):
+    """With one rank, every variable is the same for all ranks: the zygote
+    still starts without the rank's and the attempt's (its beat record, its
+    stack dump file), which the warm worker then takes as its own."""
+    proc = launcher("--nproc-per-node", "1", "--max-restarts", "1", job, tmp_path, "crash")
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "1 worker(s) started warm" in err
+    cold, warm = seen(tmp_path, 0, 0), seen(tmp_path, 1, 0)
+    assert warm["warm"] == "1"
+    assert cold["stacks"].endswith("/attempt_0/0/stacks.txt")
+    assert warm["stacks"].endswith("/attempt_1/0/stacks.txt")
+
+
 def test_killing_the_launcher_takes_warm_workers_and_the_zygote_with_it(launcher, job, tmp_path):
     proc = launcher("--nproc-per-node", "2", "--max-restarts", "1", job, tmp_path, "crash-sleep")
     # The second attempt's workers are warm and sleep.
@@ -214,6 +233,37 @@ def test_a_dead_zygote_makes_one_restart_cold_and_the_next_warm_again(launcher, 
     assert seen(tmp_path, 1, 0)["warm"] is None
     assert seen(tmp_path, 2, 0)["warm"] == "1" and seen(tmp_path, 2, 1)["warm"] == "1"
     assert zygote_log(tmp_path).read_text().count(" ready in ") == 2
+
+
+def test_a_zygote_unfit_three_times_leaves_restarts_cold(launcher, job, tmp_path):
+    """An installed module that starts a Python thread at import makes the
+    zygote unfit (a fork would not carry the thread): each restart says so
+    and starts cold, and after three tries the launcher stops trying."""
+    site = tmp_path / "user" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = site / "site-packages"
+    site.mkdir(parents=True)
+    (site / "threader.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), name='poller', daemon=True).start()\n"
+    )
+    script = tmp_path / "unfit.py"
+    script.write_text(
+        job.read_text().replace("import relaunch\n", "import relaunch\nimport threader\n")
+    )
+    env = {"PYTHONUSERBASE": str(tmp_path / "user"), "PYTHONPATH": str(site)}
+    proc = launcher(
+        *("--nproc-per-node", "2", "--max-restarts", "3", script, tmp_path, "crash-unfit"), env=env
+    )
+    _, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err
+    said = r"no warm restart this time: importing torch\b.*\bthreader started Python threads "
+    said += r"\(poller\)"
+    assert len(re.findall(said, err)) == 3, err
+    assert err.count("starting a new warm interpreter") == 2, err
+    assert "the warm interpreter failed 3 times" in err
+    assert "started warm" not in err
+    assert all(seen(tmp_path, attempt, 0)["warm"] is None for attempt in range(4))
+    assert zygote_log(tmp_path).read_text().count("unfit for warm restarts") == 3
 
 
 def test_off_means_every_worker_starts_cold(launcher, job, tmp_path):
@@ -291,6 +341,7 @@ def test_a_bad_request_is_answered_and_the_zygote_serves_on(tmp_path):
             **os.environ,
             "RELAUNCH_ZYGOTE_FD": str(theirs.fileno()),
             "RELAUNCH_ZYGOTE_SCRIPT": str(script),
+            "RELAUNCH_WARM_IMPORTS": "email.mime.text, ",
         },
         pass_fds=[theirs.fileno()],
         stderr=subprocess.PIPE,
@@ -300,7 +351,8 @@ def test_a_bad_request_is_answered_and_the_zygote_serves_on(tmp_path):
     try:
         ours.settimeout(120)
         ready = json.loads(ours.recv(1 << 20))
-        assert ready["ready"]["imported"][0] == "torch"
+        # torch, what DDP imports when built, what the user named.
+        assert ready["ready"]["imported"][:3] == ["torch", "torch._dynamo", "email.mime.text"]
         for bad in (b"not json", b'{"env": {}}', b'{"env": {}, "launcher": 1}'):
             ours.send(bad)
             answer = json.loads(ours.recv(1 << 20))

@@ -239,6 +239,7 @@ async fn run_attempts(
     // The warm interpreter restarted workers fork from; started with the
     // first attempt, replaced when it fails.
     let mut warm: Option<Zygote> = None;
+    let mut zygote_failures: u32 = 0;
     loop {
         let attempt = tokio::select! {
             begun = coordinator.begin(config, store, number, restarts) => begun?,
@@ -287,7 +288,8 @@ async fn run_attempts(
             snapshot: snapshots.map(|dir| (dir.path().to_path_buf(), dir.budget())),
         };
         let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
-        let mut ready = zygote_if_ready(&mut warm, out);
+        let mut ready = zygote_if_ready(&mut warm, &mut zygote_failures, out);
+        let asked = ready.is_some();
         let imported = ready
             .as_mut()
             .and_then(|z| z.ready().ok().flatten().map(|names| names.join(", ")));
@@ -310,8 +312,15 @@ async fn run_attempts(
                 imported.as_deref().unwrap_or("nothing"),
             ));
         }
+        if asked && ready.is_none() {
+            // The group dropped it: a fork failed, and the group said so.
+            zygote_failures += 1;
+            if zygote_failures == ZYGOTE_TRIES {
+                out.notice(GIVE_UP);
+            }
+        }
         warm = ready.or(warm);
-        if warm.is_none() {
+        if warm.is_none() && zygote_failures < ZYGOTE_TRIES {
             warm = start_zygote(config, &group, layout.root(), out);
         }
         if let Some(zygote) = &warm {
@@ -493,10 +502,19 @@ async fn run_attempts(
     }
 }
 
+/// How many warm interpreters may fail before restarts stay cold.
+const ZYGOTE_TRIES: u32 = 3;
+const GIVE_UP: &str = "relaunch: warning: the warm interpreter failed 3 times (zygote.log in \
+                       the log directory says why); restarts start cold from now on";
+
 /// The warm interpreter, taken out of `warm` if it is ready to fork
 /// workers; left there while it is still importing; dropped (and said)
 /// when it can no longer serve, so a new one is started.
-fn zygote_if_ready(warm: &mut Option<Zygote>, out: &ConsoleSender) -> Option<Zygote> {
+fn zygote_if_ready(
+    warm: &mut Option<Zygote>,
+    failures: &mut u32,
+    out: &ConsoleSender,
+) -> Option<Zygote> {
     let zygote = warm.as_mut()?;
     match zygote.ready() {
         Ok(Some(_)) => warm.take(),
@@ -507,9 +525,18 @@ fn zygote_if_ready(warm: &mut Option<Zygote>, out: &ConsoleSender) -> Option<Zyg
             None
         }
         Err(why) => {
+            *failures += 1;
             out.notice(format!(
-                "relaunch: warning: no warm restart this time: {why}; starting a new warm interpreter"
+                "relaunch: warning: no warm restart this time: {why}{}",
+                if *failures < ZYGOTE_TRIES {
+                    "; starting a new warm interpreter"
+                } else {
+                    ""
+                }
             ));
+            if *failures == ZYGOTE_TRIES {
+                out.notice(GIVE_UP);
+            }
             *warm = None;
             None
         }

@@ -232,9 +232,95 @@ pub fn worker_env(
     env
 }
 
+/// Whether a worker variable has one value for every rank of an attempt
+/// and every attempt of a job that keeps its size: what a warm interpreter
+/// ([`crate::zygote`]) may start with. Nothing that names a rank, an
+/// attempt or a rank's files (`RANK`, `TORCHELASTIC_RESTART_COUNT`,
+/// `RELAUNCH_BEAT_FILE`, ...): a module that read one at import time would
+/// keep a value that is wrong for the worker forked later.
+pub fn job_wide(name: &str) -> bool {
+    [
+        ROLE_NAME,
+        LOCAL_WORLD_SIZE,
+        WORLD_SIZE,
+        GROUP_WORLD_SIZE,
+        ROLE_WORLD_SIZE,
+        MASTER_ADDR,
+        MASTER_PORT,
+        TORCHELASTIC_MAX_RESTARTS,
+        TORCHELASTIC_RUN_ID,
+        TORCHELASTIC_USE_AGENT_STORE,
+        TORCHELASTIC_SIGNALS_TO_HANDLE,
+        TORCH_NCCL_ASYNC_ERROR_HANDLING,
+        TORCH_NCCL_TRACE_BUFFER_SIZE,
+        TORCH_FR_BUFFER_SIZE,
+        TORCH_NCCL_DUMP_ON_TIMEOUT,
+        OMP_NUM_THREADS,
+        RELAUNCH_RUN_ID,
+        RELAUNCH_STORE,
+        RELAUNCH_SNAPSHOT_DIR,
+        RELAUNCH_SNAPSHOT_MEMORY,
+    ]
+    .contains(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_wide_variables_are_the_same_for_every_rank_and_attempt() {
+        let mut first = attempt();
+        first.snapshot = Some(("/dev/shm/x".into(), 1 << 20));
+        let mut later = first.clone();
+        later.attempt = 3;
+        later.restart_count = 3;
+        let envs: Vec<_> = [
+            (&first, 0, "/logs/a0/0"),
+            (&first, 1, "/logs/a0/1"),
+            (&later, 1, "/logs/a3/1"),
+        ]
+        .into_iter()
+        .map(|(attempt, rank, dir)| {
+            let place = WorkerPlace {
+                local_rank: rank,
+                global_rank: rank,
+                node_rank: 0,
+                local_world_size: 2,
+                world_size: 2,
+                nodes: 1,
+            };
+            let dir = Path::new(dir);
+            worker_env(attempt, place, &dir.join("error.json"), dir, |_| None)
+        })
+        .collect();
+        let value = |env: &Vec<(&str, String)>, name: &str| {
+            env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone())
+        };
+        let mut shared = 0;
+        for (name, _) in envs[0].iter().filter(|(k, _)| job_wide(k)) {
+            shared += 1;
+            let values: Vec<_> = envs.iter().map(|env| value(env, name)).collect();
+            assert!(
+                values.windows(2).all(|w| w[0] == w[1]),
+                "{name}: {values:?}"
+            );
+        }
+        assert!(shared >= 10, "only {shared} job-wide variables");
+        for name in [
+            RANK,
+            LOCAL_RANK,
+            TORCHELASTIC_RESTART_COUNT,
+            TORCHELASTIC_ERROR_FILE,
+            RELAUNCH_ATTEMPT,
+            RELAUNCH_LOG_DIR,
+            RELAUNCH_BEAT_FILE,
+            TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
+            CUDA_VISIBLE_DEVICES,
+        ] {
+            assert!(!job_wide(name), "{name}");
+        }
+    }
 
     fn attempt() -> AttemptEnv {
         AttemptEnv {

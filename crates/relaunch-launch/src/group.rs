@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::config::{DuplicateFilters, LaunchConfig, Placement, WorkerTty};
 use crate::console::{ConsoleSender, Stream};
-use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, worker_env};
+use crate::env::{AttemptEnv, BEAT_FILE, WorkerPlace, job_wide, worker_env};
 use crate::error::LaunchError;
 use crate::hang::RankBeat;
 use crate::logs::{Decoder, Duplicate, LogLayout, StreamSink, Tail, pump};
@@ -60,7 +60,8 @@ pub struct WorkerGroup {
     members: Vec<Member>,
     /// How many of them a warm interpreter forked.
     warm: usize,
-    /// The environment every worker got the same (for a warm interpreter).
+    /// The job-wide variables every worker got the same ([`job_wide`]): a
+    /// warm interpreter's environment.
     common_env: Vec<(String, String)>,
     /// Children of the launcher that are not workers and not leftovers of
     /// them: the warm interpreter.
@@ -179,6 +180,7 @@ impl WorkerGroup {
         if self.members.is_empty() {
             self.common_env = env
                 .iter()
+                .filter(|(k, _)| job_wide(k))
                 .map(|(k, v)| ((*k).to_owned(), v.clone()))
                 .collect();
         } else {
