@@ -191,6 +191,10 @@ impl Zygote {
         if !matches!(self.state, State::Ready(_)) {
             return Err("the warm interpreter is not ready".into());
         }
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), Value::from(v.as_ref())))
+            .collect();
         let result = self.request(env, stdout, stderr);
         if let Err(why) = &result {
             self.state = State::Gone(why.clone());
@@ -198,20 +202,13 @@ impl Zygote {
         result
     }
 
-    fn request<K, V>(
+    /// One fork request and its answer.
+    fn request(
         &mut self,
-        env: &[(K, V)],
+        env: serde_json::Map<String, Value>,
         stdout: BorrowedFd<'_>,
         stderr: BorrowedFd<'_>,
-    ) -> Result<Pid, String>
-    where
-        K: AsRef<str>,
-        V: AsRef<str>,
-    {
-        let env: serde_json::Map<String, Value> = env
-            .iter()
-            .map(|(k, v)| (k.as_ref().to_owned(), Value::from(v.as_ref())))
-            .collect();
+    ) -> Result<Pid, String> {
         let argv: Vec<String> = self
             .target
             .args
