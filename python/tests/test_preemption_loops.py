@@ -244,3 +244,43 @@ def test_stop_signals_in_quick_succession_neither_deadlock_nor_crash_the_handler
                 child.communicate()
         assert child.returncode == 0, f"trial {trial}: exit {child.returncode}\n{err[-3000:]}"
         assert out.strip().endswith("requested True"), out
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 11, 10), reason="CPython gh-112275 is fixed in this Python"
+)
+def test_a_fork_waits_for_the_queue_feeder_threads_that_are_ending():
+    """Before Python 3.11.10 a fork while another thread ends can leave the
+    child blocked forever (CPython gh-112275): a DataLoader's previous
+    iterator's feeder threads end while the next one forks its workers, and
+    one worker never starts. A start through relaunch.preemption's wrapper
+    first waits for feeder threads whose queue is closed. Here one is kept
+    from ending (its pipe is full) until a reader drains it."""
+    import multiprocessing
+    import threading
+
+    from relaunch import preemption
+
+    queue = multiprocessing.get_context("fork").Queue()
+    queue.put(b"x" * (4 << 20))  # more than a pipe holds: its feeder blocks
+
+    def feeder() -> threading.Thread | None:
+        return next((t for t in threading.enumerate() if t.name == "QueueFeederThread"), None)
+
+    wait_for(lambda: feeder() is not None, 30, "the queue's feeder thread")
+    ending = feeder()
+    queue.close()
+
+    def drain() -> None:
+        try:
+            queue._reader.recv_bytes()
+        except OSError:  # the ending feeder closes the reader as it goes
+            pass
+
+    reader = threading.Timer(0.5, drain)
+    reader.start()
+    # Without the wait, the feeder would still be blocked here: the reader
+    # starts half a second later.
+    preemption._settle_ending_feeders(patience=60)
+    assert not ending.is_alive()
+    reader.join(30)
