@@ -288,8 +288,17 @@ impl Drop for Zygote {
     fn drop(&mut self) {
         // Its session: whatever it may have started goes with it.
         worker::signal_group(self.pid, nix::sys::signal::Signal::SIGKILL);
+        // Reaped before the launcher goes on (or exits): nothing of the
+        // job is left once the launcher is gone, not even a dying zygote.
+        let deadline = std::time::Instant::now() + REAP_PATIENCE;
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
+
+/// How long a dropped zygote, killed, may take to be reaped.
+const REAP_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Waits for a worker the zygote forked (this process's child by
 /// reparenting, so not a `tokio::process::Child`) to exit.
