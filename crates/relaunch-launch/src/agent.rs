@@ -24,7 +24,7 @@ use crate::straggler::StepTimes;
 use crate::torch::TorchVersion;
 use crate::tracking::{EndKind, Tracker};
 use crate::worker::ExitKind;
-use crate::zygote::Zygote;
+use crate::zygote::Warm;
 use crate::{Outcome, orphans};
 
 /// First pause before a restart; it doubles each time, up to the maximum.
@@ -238,8 +238,7 @@ async fn run_attempts(
     let mut restarts: u32 = 0;
     // The warm interpreter restarted workers fork from; started with the
     // first attempt, replaced when it fails.
-    let mut warm: Option<Zygote> = None;
-    let mut zygote_failures: u32 = 0;
+    let mut warm = Warm::default();
     loop {
         let attempt = tokio::select! {
             begun = coordinator.begin(config, store, number, restarts) => begun?,
@@ -288,11 +287,8 @@ async fn run_attempts(
             snapshot: snapshots.map(|dir| (dir.path().to_path_buf(), dir.budget())),
         };
         let tap = |rank| tracker.as_ref().and_then(|t| t.tap(rank));
-        let mut ready = zygote_if_ready(&mut warm, &mut zygote_failures, out);
+        let (mut ready, imported) = warm.take_ready(out);
         let asked = ready.is_some();
-        let imported = ready
-            .as_mut()
-            .and_then(|z| z.ready().ok().flatten().map(|names| names.join(", ")));
         let mut group = WorkerGroup::start(
             config,
             &attempt_env,
@@ -309,22 +305,19 @@ async fn run_attempts(
                 "relaunch: {} worker(s) started warm, forked from an interpreter that had \
                  imported {}",
                 group.warm(),
-                imported.as_deref().unwrap_or("nothing"),
+                if imported.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    imported.join(", ")
+                },
             ));
         }
-        if asked && ready.is_none() {
-            // The group dropped it: a fork failed, and the group said so.
-            zygote_failures += 1;
-            if zygote_failures == ZYGOTE_TRIES {
-                out.notice(GIVE_UP);
-            }
-        }
-        warm = ready.or(warm);
-        if warm.is_none() && zygote_failures < ZYGOTE_TRIES {
-            warm = start_zygote(config, &group, layout.root(), out);
-        }
-        if let Some(zygote) = &warm {
-            group.spare(zygote.pid());
+        // None back from a zygote it was given: a fork failed, and the
+        // group said so.
+        warm.give_back(ready, asked, out);
+        warm.refill(config, group.common_env(), layout.root(), out);
+        if let Some(pid) = warm.pid() {
+            group.spare(pid);
         }
         // This node's heartbeats (elastic) go on until the attempt is over
         // here, the grace period and the exit barrier included.
@@ -500,72 +493,6 @@ async fn run_attempts(
             }
         }
     }
-}
-
-/// How many warm interpreters may fail before restarts stay cold.
-const ZYGOTE_TRIES: u32 = 3;
-const GIVE_UP: &str = "relaunch: warning: the warm interpreter failed 3 times (zygote.log in \
-                       the log directory says why); restarts start cold from now on";
-
-/// The warm interpreter, taken out of `warm` if it is ready to fork
-/// workers; left there while it is still importing; dropped (and said)
-/// when it can no longer serve, so a new one is started.
-fn zygote_if_ready(
-    warm: &mut Option<Zygote>,
-    failures: &mut u32,
-    out: &ConsoleSender,
-) -> Option<Zygote> {
-    let zygote = warm.as_mut()?;
-    match zygote.ready() {
-        Ok(Some(_)) => warm.take(),
-        Ok(None) => {
-            out.notice(
-                "relaunch: the warm interpreter is still importing; this restart starts cold",
-            );
-            None
-        }
-        Err(why) => {
-            *failures += 1;
-            out.notice(format!(
-                "relaunch: warning: no warm restart this time: {why}{}",
-                if *failures < ZYGOTE_TRIES {
-                    "; starting a new warm interpreter"
-                } else {
-                    ""
-                }
-            ));
-            if *failures == ZYGOTE_TRIES {
-                out.notice(GIVE_UP);
-            }
-            *warm = None;
-            None
-        }
-    }
-}
-
-/// Starts a warm interpreter for the next restarts, where the job restarts
-/// (`--max-restarts` above 0, or an elastic node range) and runs Python.
-fn start_zygote(
-    config: &LaunchConfig,
-    group: &WorkerGroup,
-    logs: &std::path::Path,
-    out: &ConsoleSender,
-) -> Option<Zygote> {
-    let target = config.entrypoint.warm.as_ref()?;
-    let restarts = config.max_restarts > 0 || config.nnodes.min != config.nnodes.max;
-    if !config.warm_restarts || !restarts {
-        return None;
-    }
-    Zygote::start(
-        &config.entrypoint.python,
-        target,
-        group.common_env(),
-        &logs.join("zygote.log"),
-    )
-    .inspect_err(|why| {
-        out.notice(format!("relaunch: warning: restarts start cold: {why}"));
-    })
-    .ok()
 }
 
 /// Watches one attempt until it ends.

@@ -209,21 +209,19 @@ impl WorkerGroup {
         let to_console = [shown && !redirected.stdout, shown && !redirected.stderr];
         // The worker's ends, and ours: a pseudo-terminal for a stream the
         // console shows on a terminal, a pipe otherwise.
-        let mut readers = Vec::with_capacity(2);
-        let mut writers = Vec::with_capacity(2);
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let index = stream as usize;
-            if wants_terminal(config.worker_tty, stream, to_console[index])
+        let open = |stream: Stream| -> Result<_, LaunchError> {
+            if wants_terminal(config.worker_tty, stream, to_console[stream as usize])
                 && let Some(Pty { reader, worker }) = open_terminal(&prefix)
             {
-                readers.push((reader, Decoder::terminal()));
-                writers.push(worker);
-                continue;
+                return Ok(((reader, Decoder::terminal()), worker));
             }
             let (reader, writer) = pipe()?;
-            readers.push((reader, Decoder::pipe()));
-            writers.push(writer);
-        }
+            Ok(((reader, Decoder::pipe()), writer))
+        };
+        let (out_reader, out_writer) = open(Stream::Stdout)?;
+        let (err_reader, err_writer) = open(Stream::Stderr)?;
+        let readers = [out_reader, err_reader];
+        let writers: [OwnedFd; 2] = [out_writer, err_writer];
         let warm = zygote.as_mut().map(|z| {
             z.fork(&env, writers[0].as_fd(), writers[1].as_fd())
                 .map_err(|why| {
@@ -244,9 +242,7 @@ impl WorkerGroup {
                     // A zygote that failed once is not asked again.
                     *zygote = None;
                 }
-                let [stdout, stderr]: [OwnedFd; 2] = writers.try_into().map_err(|_| {
-                    LaunchError::io("a worker's output", std::io::ErrorKind::Other.into())
-                })?;
+                let [stdout, stderr] = writers;
                 let mut child = worker::spawn(
                     &config.entrypoint,
                     &env,

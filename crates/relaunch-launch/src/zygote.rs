@@ -33,7 +33,8 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use crate::config::WarmTarget;
+use crate::config::{LaunchConfig, WarmTarget};
+use crate::console::ConsoleSender;
 use crate::worker::{self, ExitKind};
 
 /// Environment variables the zygote reads (`python/relaunch/_zygote.py`).
@@ -293,6 +294,117 @@ impl Drop for Zygote {
         let deadline = std::time::Instant::now() + REAP_PATIENCE;
         while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// The launcher's warm interpreter across the attempts of a job: started
+/// with the first attempt, taken by a restart that forks from it, replaced
+/// when it fails, given up after [`Warm::TRIES`] failures.
+#[derive(Debug, Default)]
+pub struct Warm {
+    zygote: Option<Zygote>,
+    failures: u32,
+}
+
+impl Warm {
+    /// How many warm interpreters may fail before restarts stay cold.
+    const TRIES: u32 = 3;
+
+    /// The zygote and the modules it imported, taken out if it is ready to
+    /// fork workers; left here while it is still importing; dropped (and
+    /// said) when it can no longer serve, so a new one is started.
+    pub fn take_ready(&mut self, out: &ConsoleSender) -> (Option<Zygote>, Vec<String>) {
+        let Some(zygote) = self.zygote.as_mut() else {
+            return (None, Vec::new());
+        };
+        match zygote.ready() {
+            Ok(Some(imported)) => {
+                let imported = imported.to_vec();
+                (self.zygote.take(), imported)
+            }
+            Ok(None) => {
+                out.notice(
+                    "relaunch: the warm interpreter is still importing; this restart starts cold",
+                );
+                (None, Vec::new())
+            }
+            Err(why) => {
+                self.zygote = None;
+                self.failed(Some(&format!("no warm restart this time: {why}")), out);
+                (None, Vec::new())
+            }
+        }
+    }
+
+    /// Takes back what [`Self::take_ready`] gave out: `None` for a zygote
+    /// that was given (`asked`) is one the group dropped after a fork failed.
+    pub fn give_back(&mut self, zygote: Option<Zygote>, asked: bool, out: &ConsoleSender) {
+        if asked && zygote.is_none() {
+            self.failed(None, out); // the group said why
+        }
+        if zygote.is_some() {
+            self.zygote = zygote;
+        }
+    }
+
+    /// Starts a warm interpreter for the next restarts, with `env` (what
+    /// every local rank shares), if there is none, the job restarts
+    /// (`--max-restarts` above 0, or an elastic node range) and runs Python,
+    /// and fewer than [`Self::TRIES`] failed.
+    pub fn refill(
+        &mut self,
+        config: &LaunchConfig,
+        env: &[(String, String)],
+        logs: &Path,
+        out: &ConsoleSender,
+    ) {
+        let restarts = config.max_restarts > 0 || config.nnodes.min != config.nnodes.max;
+        if self.zygote.is_some()
+            || self.failures >= Self::TRIES
+            || !config.warm_restarts
+            || !restarts
+        {
+            return;
+        }
+        let Some(target) = config.entrypoint.warm.as_ref() else {
+            return;
+        };
+        match Zygote::start(
+            &config.entrypoint.python,
+            target,
+            env,
+            &logs.join("zygote.log"),
+        ) {
+            Ok(zygote) => self.zygote = Some(zygote),
+            Err(why) => out.notice(format!("relaunch: warning: restarts start cold: {why}")),
+        }
+    }
+
+    /// The waiting zygote's pid, a child of the launcher that is not a worker.
+    pub fn pid(&self) -> Option<Pid> {
+        self.zygote.as_ref().map(Zygote::pid)
+    }
+
+    /// Counts a failed zygote, saying `what` went wrong (if the group has
+    /// not) and, at the last try, that restarts stay cold.
+    fn failed(&mut self, what: Option<&str>, out: &ConsoleSender) {
+        self.failures += 1;
+        let tries = Self::TRIES;
+        if let Some(what) = what
+            && self.failures < tries
+        {
+            out.notice(format!(
+                "relaunch: warning: {what}; starting a new warm interpreter"
+            ));
+            return;
+        }
+        if self.failures == tries {
+            let what = what.map(|w| format!("{w}; ")).unwrap_or_default();
+            out.notice(format!(
+                "relaunch: warning: {what}the warm interpreter failed {tries} times (zygote.log \
+                 in the log directory says why); restarts start cold from now on"
+            ));
         }
     }
 }
