@@ -110,6 +110,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def relaunch_run() -> Iterator[Callable[..., subprocess.Popen]]:
+    """``relaunch_run(*args, env=None, cwd=None)``: starts ``relaunch run
+    ARGS`` (``env`` added to this environment), its stdout and stderr piped
+    as text; kills whatever is left running at the end (its workers die
+    with it: parent-death signal)."""
+    started: list[subprocess.Popen] = []
+
+    def start(
+        *args: object, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "relaunch", "run", *map(str, args)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
     """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -3,9 +3,7 @@ the job restarted from an earlier step, read back with ``relaunch.Api``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 
 import pandas as pd
@@ -38,31 +36,19 @@ TRAIN = """
 
 
 @pytest.fixture
-def job(tmp_path):
-    """`relaunch run` of TRAIN on two ranks; killed if the test leaves it running."""
-    procs: list[subprocess.Popen] = []
+def job(relaunch_run, tmp_path):
+    """`relaunch run` of TRAIN on two ranks."""
 
     def start(server_url: str, run_id: str) -> subprocess.Popen:
         train = tmp_path / "train.py"
         train.write_text(textwrap.dedent(TRAIN))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "relaunch", "run", "--server", server_url,
-             "--run-id", run_id, "--nproc-per-node", "2", "--max-restarts", "1",
-             "--monitor-interval", "0.1", "--system-metrics-interval", "0.2", str(train)],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ),
+        return relaunch_run(
+            "--server", server_url, "--run-id", run_id, "--nproc-per-node", "2",
+            "--max-restarts", "1", "--monitor-interval", "0.1",
+            "--system-metrics-interval", "0.2", train, cwd=tmp_path,
         )  # fmt: skip
-        procs.append(proc)
-        return proc
 
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
+    return start
 
 
 def test_a_job_killed_once_and_restarted_loses_its_re_run_steps(tracking_server, job):

@@ -8,14 +8,13 @@ server's HTTP API as a user (or the dashboard) would.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,27 +33,13 @@ def get(server: TrackingServer, path: str, **query: object) -> object:
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Starts `relaunch run ARGS` in tmp_path; kills what is left at the end."""
-    started: list[subprocess.Popen] = []
+def launch(relaunch_run, tmp_path: Path) -> Callable[..., subprocess.Popen]:
+    """Starts `relaunch run ARGS` in tmp_path."""
 
     def start(*args: object, env: dict | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [*RELAUNCH, "run", *map(str, args)],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        started.append(proc)
-        return proc
+        return relaunch_run(*args, env=env, cwd=tmp_path)
 
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
+    return start
 
 
 def script(tmp_path: Path, name: str, body: str) -> Path:

@@ -13,16 +13,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import wait_for
 
 from relaunch._subprocess import alive
-
-RELAUNCH = [sys.executable, "-m", "relaunch", "run"]
 
 # A worker that says what it sees of the tier (into OUT/seen.ATTEMPT.RANK,
 # whole or not at all), leaves a file in it, then does what MODE says.
@@ -47,6 +44,10 @@ with open(partial, "w") as f:
     json.dump(seen, f)
 os.rename(partial, os.path.join(out, f"seen.{attempt}.{rank}"))
 if mode == "crash-once" and attempt == "0" and rank == "1":
+    # Once rank 0 has looked too: the crash stops it.
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(out, "seen.0.0")) and time.monotonic() < deadline:
+        time.sleep(0.01)
     sys.exit(3)
 if mode == "fail":
     sys.exit(3)
@@ -70,27 +71,13 @@ def see(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def launcher(root: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Starts `relaunch run ARGS` with the test's snapshot root; kills
-    whatever is left at the end."""
-    started: list[subprocess.Popen] = []
+def launcher(relaunch_run, root: Path) -> Callable[..., subprocess.Popen]:
+    """Starts `relaunch run ARGS` with the test's snapshot root."""
 
     def start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [*RELAUNCH, *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "RELAUNCH_SNAPSHOT_ROOT": str(root), **(env or {})},
-        )
-        started.append(proc)
-        return proc
+        return relaunch_run(*args, env={"RELAUNCH_SNAPSHOT_ROOT": str(root), **(env or {})})
 
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()  # its workers die with it (parent-death signal)
-        proc.communicate(timeout=30)
+    return start
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:

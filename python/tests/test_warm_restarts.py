@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,27 +108,13 @@ def job(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
-    """Starts `relaunch run ARGS` with its logs under the test's folder;
-    kills whatever is left at the end."""
-    started: list[subprocess.Popen] = []
+def launcher(relaunch_run, tmp_path: Path) -> Callable[..., subprocess.Popen]:
+    """Starts `relaunch run ARGS` with its logs under the test's folder."""
 
     def start(*args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [*RELAUNCH, "--log-dir", str(tmp_path / "logs"), *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        started.append(proc)
-        return proc
+        return relaunch_run("--log-dir", tmp_path / "logs", *args, env=env)
 
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
+    return start
 
 
 def seen(out: Path, attempt: int, rank: int) -> dict:
