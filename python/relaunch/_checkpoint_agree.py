@@ -97,6 +97,11 @@ class Coordinator:
     def key(self, n: int, name: str) -> str:
         return f"{self.prefix}{n}/{name}"
 
+    def save_keys(self, n: int) -> list[str]:
+        """The keys a save of round ``n`` writes after the decision."""
+        keys = [self.key(n, k) for k in ("written", "writers", "outcome", "commit")]
+        return keys + [self.key(n, f"report/{r}") for r in range(self.world)]
+
     def delete_with_next_round(self, keys: list[str]) -> None:
         """Deletes ``keys`` of this round's store when the next round is
         decided, with the round's own keys (a caller's extra keys of a round:
@@ -177,9 +182,7 @@ class Coordinator:
             if decision.get("error"):
                 raise ValueError(decision["error"])
             if decision["save"]:
-                self._previous += [self.key(n, k) for k in ("written", "writers", "outcome")]
-                self._previous += [self.key(n, f"report/{r}") for r in range(self.world)]
-                self._previous.append(self.key(n, "commit"))
+                self.delete_with_next_round(self.save_keys(n))
             return Decision(
                 decision["save"], decision["step"], decision["forced"], decision["token"]
             )
@@ -223,12 +226,14 @@ class Coordinator:
     def report(self, n: int, report: dict[str, Any]) -> None:
         self.store.set(self.key(n, f"report/{self.rank}"), json.dumps(report))
 
-    def reports(self, n: int) -> list[dict[str, Any]]:
-        keys = [self.key(n, f"report/{r}") for r in range(1, self.world)]
+    def reports(self, n: int, everyone: bool = False) -> list[dict[str, Any]]:
+        """The other ranks' reports of round ``n`` (every rank's with ``everyone``)."""
+        keys = [self.key(n, f"report/{r}") for r in range(0 if everyone else 1, self.world)]
         try:
             self.wait_keys(n, keys, "the file reports of the other ranks")
         except TimeoutError:
-            absent = [r for r, k in enumerate(keys, 1) if not self.store.check([k])]
+            first = 0 if everyone else 1
+            absent = [r for r, k in enumerate(keys, first) if not self.store.check([k])]
             raise CheckpointError(
                 f"checkpoint round {n}: timed out after {self.timeout:g} s waiting for the "
                 f"file reports of rank(s) {', '.join(map(str, absent))}"

@@ -12,7 +12,9 @@ committed by renaming its temporary (``step_N.tmp-TOKEN``) once its
   shared memory that ``relaunch run`` creates on each node and keeps across
   every restart of the job (so a crashed rank loses nothing) and removes
   when it exits. Only the newest snapshot is kept; the tier's total size is
-  bounded by ``$RELAUNCH_SNAPSHOT_MEMORY`` (``--snapshot-memory``).
+  bounded by ``$RELAUNCH_SNAPSHOT_MEMORY`` (``--snapshot-memory``). Over
+  several nodes the node's saves go to ``part_I`` below it, replicated to
+  the next node (:mod:`relaunch._checkpoint_peer`).
 
 Which step a job resumes from is the newest that verifies in any tier
 (:meth:`relaunch.Checkpointer.latest`).
@@ -123,14 +125,17 @@ class Tier:
         keep_best: tuple[str, str, int] | None = None,
         budget: int | None = None,
         durable: bool = True,
+        node_root: Path | None = None,
     ) -> None:
         self.name = name
         self.root = root
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.keep_best = keep_best
-        # Bytes the whole node's tier may hold (the memory tier), else None.
+        # Bytes the whole node's tier may hold (the memory tier), else None,
+        # and the directory they are counted in (the launcher's).
         self.budget = budget
+        self.node_root = root.parent if node_root is None else node_root
         # Disk: fsynced and hashed (BLAKE3 per file). Memory: neither; a
         # snapshot is whole by its rename, and lives only as long as the node.
         self.durable = durable
@@ -216,7 +221,7 @@ class Tier:
                 f"{_mib(self.budget)} (relaunch run --snapshot-memory): raise --snapshot-memory "
                 "to at least twice the snapshot, or take memory snapshots of less state"
             )
-        node_tier = self.root.parent
+        node_tier = self.node_root
         used = _tree_size(node_tier, skip=tmp)
         if used + size > self.budget:
             raise CheckpointError(
@@ -281,7 +286,7 @@ class Tier:
             remove(Path(entry.path))
 
 
-def memory_tier(disk: Path, memory_every: int | None, world_size: int, rank: int) -> Tier | None:
+def memory_tier(disk: Path, memory_every: int | None, rank: int) -> Tier | None:
     """The memory tier for checkpoints of ``disk``, or None (with one warning
     saying why) where ``memory_every`` cannot be served."""
     if memory_every is None:
@@ -293,16 +298,6 @@ def memory_tier(disk: Path, memory_every: int | None, world_size: int, rank: int
                 f"relaunch.Checkpointer: memory_every={memory_every} needs a memory tier, which "
                 f"`relaunch run` provides ({ENV_SNAPSHOT_DIR} is unset here): only disk "
                 "checkpoints are taken",
-                stacklevel=3,
-            )
-        return None
-    local_world = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if local_world.isdigit() and int(local_world) < world_size:
-        if rank == 0:
-            warnings.warn(
-                f"relaunch.Checkpointer: memory_every={memory_every} is not yet served across "
-                f"nodes ({world_size} ranks, {local_world} on this node: a snapshot's files "
-                "would be split between nodes' memory): only disk checkpoints are taken",
                 stacklevel=3,
             )
         return None

@@ -56,7 +56,8 @@ With ``memory_every=N`` the steps between disk checkpoints that N divides
 are saved the same way into the node's memory tier, which ``relaunch run``
 holds across restarts (:mod:`relaunch._checkpoint_tier`): a crashed rank
 resumes from there, a stopped job from disk. ``latest()`` takes the newest
-in either tier.
+in either tier. Over several nodes each node commits its ranks' part of a
+snapshot and replicates it to the next node (:mod:`relaunch._checkpoint_peer`).
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ from relaunch._checkpoint_files import (
     safe_name,
     walk,
     write_atomic,
+)
+from relaunch._checkpoint_peer import (
+    Parts,
+    assemble_into,
+    committed_parts,
+    newest_whole,
+    node_layout,
+    part_roots,
 )
 from relaunch._checkpoint_ship import Shipper, exit_timeout
 from relaunch._checkpoint_snapshot import Writer as SnapshotWriter
@@ -185,9 +194,11 @@ class Checkpointer:
       of the job (``--snapshot-memory`` bounds it), so a crashed rank
       resumes from there. Needs ``save_every``. Only the newest snapshot is
       kept; the launcher drops them all when it exits, so a job stopped for
-      good resumes from disk. Outside ``relaunch run`` (no memory tier)
-      and, for now, in a job over several nodes, it warns once and takes
-      only disk checkpoints.
+      good resumes from disk. Over several nodes each node keeps its
+      ranks' part and a replica of the previous node's, so a lost node
+      loses nothing (``relaunch._checkpoint_peer``), and ``latest()`` must
+      be called on every rank. Outside ``relaunch run`` (no memory tier)
+      it warns once and takes only disk checkpoints.
     - ``rank``, ``world_size``: default to ``RANK`` and ``WORLD_SIZE``.
     - ``timeout``: seconds to wait for the other ranks at each stage of a save.
       Under ``relaunch run`` a rank stops waiting within a second of another
@@ -299,10 +310,42 @@ class Checkpointer:
         self._snapshots = SnapshotWriter()
         self._shipper = self._make_shipper(ship)
         self._disk = Tier("disk", self.dir, self.keep_last, self.keep_every, self.keep_best)
-        self._memory = memory_tier(self.dir, self.memory_every, self.world_size, self.rank)
+        self._memory = memory_tier(self.dir, self.memory_every, self.rank)
+        # Over several nodes: each node's part of a snapshot, replicated to the next node.
+        self._parts: Parts | None = None
+        layout = node_layout(self.world_size) if self._memory is not None else None
+        if layout is not None and self._coordinated and self._memory is not None:
+            self._parts = Parts(self._memory, *layout)
+            self._memory = self._parts.tier
+            if self._parts.leader:
+                for root in part_roots(self._parts.node_tier):
+                    Tier("memory", root, None).clean_stale(_IN_PROGRESS, None)
+                self._parts.whole.clean_stale(_IN_PROGRESS, None)
+                store = self._coordinator_().store
+                key = self._tier_key(self._parts.node)
+                self._parts.start_serving(lambda text: store.set(key, text))
+        elif self._memory is not None and self.world_size > 1:
+            local_world = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+            why = None
+            if layout is not None:
+                why = (
+                    'over several nodes with strategy="async" (each rank commits alone, and '
+                    "only its own node would hold it)"
+                )
+            elif local_world not in ("", str(self.world_size)):
+                why = "over nodes of different sizes (a node's part is named by its node rank)"
+            if why is not None:
+                if self.rank == 0:
+                    warnings.warn(
+                        f"relaunch.Checkpointer: memory_every={memory_every} is not served "
+                        f"{why}: only disk checkpoints are taken",
+                        stacklevel=2,
+                    )
+                self._memory = None
         if self.rank == 0 or self.strategy == "async":
             for tier in self._tiers:
-                tier.clean_stale(_IN_PROGRESS, self._keep_session)
+                if self._parts is None or tier is not self._memory:
+                    tier.clean_stale(_IN_PROGRESS, self._keep_session)
 
     def _make_shipper(self, ship: bool | None) -> Shipper | None:
         if ship is not None and not isinstance(ship, bool):
@@ -338,6 +381,12 @@ class Checkpointer:
     @property
     def _coordinated(self) -> bool:
         return self.world_size > 1 and self.strategy != "async"
+
+    @property
+    def _cleans_up(self) -> bool:
+        """Whether this rank removes aborted saves' directories: rank 0, and
+        each node leader for its node's parts of memory snapshots."""
+        return self.rank == 0 or (self._parts is not None and self._parts.leader)
 
     @property
     def _tiers(self) -> list[Tier]:
@@ -382,13 +431,108 @@ class Checkpointer:
     def _newest(self, full: bool, stacklevel: int) -> tuple[Checkpoint | None, list[Checkpoint]]:
         found = []
         for tier in self._tiers:  # a loop, not a comprehension: one frame less
-            checkpoint = tier.newest(full, stacklevel)
+            if self._parts is not None and tier is self._memory:
+                checkpoint = self._whole_snapshot(found[0].step if found else None, stacklevel)
+            else:
+                checkpoint = tier.newest(full, stacklevel)
             if checkpoint is not None:
                 found.append(checkpoint)
         newest = max(found, key=lambda c: c.step, default=None)
         # What the caller resumes from: later saves must be after it.
         self._floor, self._floor_known = (newest.step if newest else None), True
         return newest, found
+
+    def _tier_key(self, node: int) -> str:
+        return f"{self._key_prefix}tier/{node}"
+
+    def _whole_snapshot(self, disk_step: int | None, stacklevel: int) -> Checkpoint | None:
+        """Over several nodes (every rank calls it, in latest()): the newest
+        memory snapshot newer than ``disk_step`` whose parts, all of one
+        save, live nodes hold, put together on every node; None (said in a
+        warning) when there is none or a node could not put it together."""
+        parts = self._parts
+        assert parts is not None
+        coordinator = self._coordinator_()
+        store = coordinator.store
+        prefix = f"{self._key_prefix}latest/{parts.rounds}/"
+        parts.rounds += 1
+        held = committed_parts(parts.node_tier)
+        store.set(f"{prefix}have/{self.rank}", json.dumps({"node": parts.node, "held": held}))
+        keys = [f"{prefix}have/{r}" for r in range(self.world_size)]
+        self._wait_all(
+            coordinator,
+            keys,
+            "every rank to call latest() (over several nodes it "
+            "agrees on the memory snapshot: call it on every rank)",
+        )
+        haves = [json.loads(raw) for raw in store.multi_get(keys)]
+        choice = newest_whole([h for have in haves for h in have["held"]])
+        if choice is None or (disk_step is not None and disk_step >= choice["step"]):
+            return None
+        nodes = sorted({have["node"] for have in haves})
+        step = choice["step"]
+        if parts.leader:
+            outcome = "ok"
+            try:
+                self._put_together(choice, haves)
+            except Exception as e:
+                outcome = f"node {parts.node}: {type(e).__name__}: {e}"
+            store.set(f"{prefix}whole/{parts.node}", outcome)
+        keys = [f"{prefix}whole/{node}" for node in nodes]
+        self._wait_all(coordinator, keys, "every node to put the memory snapshot together")
+        problems = [raw.decode() for raw in store.multi_get(keys) if raw != b"ok"]
+        if not problems:
+            checkpoint = parts.whole.newest(False, stacklevel + 1)
+            if checkpoint is not None and checkpoint.step == step:
+                return checkpoint
+            problems = [f"node {parts.node}: the snapshot put together does not verify"]
+        if self.rank == 0:
+            warnings.warn(
+                f"relaunch.Checkpointer: the memory snapshot of step {step} could not be put "
+                f"together ({'; '.join(problems)}): resuming from disk",
+                stacklevel=stacklevel + 1,
+            )
+        return None
+
+    def _put_together(self, choice: dict[str, Any], haves: list[dict[str, Any]]) -> None:
+        """Node leader: snapshot ``choice`` as a whole in this node's tier."""
+        parts = self._parts
+        assert parts is not None
+        step = choice["step"]
+        existing = parts.whole.final(step)
+        manifest, _ = read_manifest(existing, step)
+        if manifest is not None and manifest.get("id") == choice["id"]:
+            return  # put together by an earlier attempt of this launcher
+        holders: dict[int, tuple[str, str]] = {}
+        store = self._coordinator_().store
+        for have in sorted(haves, key=lambda h: h["node"]):
+            for held in have["held"]:
+                if (held["step"], held["id"]) == (step, choice["id"]):
+                    if held["part"] not in holders and have["node"] != parts.node:
+                        peer = json.loads(store.get(self._tier_key(have["node"])))
+                        holders[held["part"]] = (peer["address"], peer["secret"])
+        tmp = parts.whole.temporary(step, f"{self._session}-{os.urandom(4).hex()}")
+        _IN_PROGRESS.add(str(tmp))
+        try:
+            tmp.mkdir()
+            merged = assemble_into(tmp, choice, parts.node_tier, holders)
+            parts.whole.check_room(tmp, sum(e["size"] for e in merged["files"].values()), step)
+            parts.whole.commit(tmp, step, self._session)
+        except BaseException:
+            remove(tmp)
+            raise
+        finally:
+            _IN_PROGRESS.discard(str(tmp))
+
+    def _wait_all(self, coordinator: Coordinator, keys: list[str], what: str) -> None:
+        try:
+            coordinator.wait_keys(-1, keys, what)
+        except TimeoutError:
+            absent = [k.rsplit("/", 1)[1] for k in keys if not coordinator.store.check([k])]
+            raise CheckpointError(
+                f"timed out after {self.timeout:g} s waiting for {what}: "
+                f"{', '.join(absent)} did not answer"
+            ) from None
 
     def load(
         self,
@@ -490,10 +634,14 @@ class Checkpointer:
             if tier is None:
                 self._active = None
                 return
+            if tier is self._memory and self._coordinated:
+                # A snapshot's round keys go with the next round, as a disk save's do.
+                coordinator = self._coordinator_()
+                coordinator.delete_with_next_round(coordinator.save_keys(save._round))
             # After the decision, so that every rank raises, not only those that asked.
             self._check_step(decision.step)
             save._decision, save.tier = decision, tier
-            if self.rank == 0:
+            if self._cleans_up:
                 self._remove_abandoned()
             tmp = tier.temporary(decision.step, decision.token)
             _IN_PROGRESS.add(str(tmp))
@@ -555,6 +703,11 @@ class Checkpointer:
                 return
             if coordinator is not None:
                 coordinator.leave_block(n, None)
+            if memory and self._parts is not None and coordinator is not None:
+                save.checkpoint = self._commit_part(save, decision, tmp, coordinator)
+                self._last_step = decision.step
+                exc = None
+                return
             rank, world = (0, 1) if coordinator is None else (coordinator.rank, coordinator.world)
             report: dict[str, Any] = {"seen": {}, "hashed": {}, "error": None}
             try:
@@ -621,10 +774,78 @@ class Checkpointer:
             self._shipper.ship(checkpoint.step, checkpoint.path)
         return checkpoint
 
-    def _write_commit(
-        self, save: _Save, decision: Decision, tmp: Path, reports: list[dict[str, Any]]
+    def _commit_part(
+        self, save: _Save, decision: Decision, tmp: Path, coordinator: Coordinator
     ) -> Checkpoint:
-        """Rank 0: the manifest, the rename, the ``latest`` pointer."""
+        """A memory snapshot over several nodes: each node leader commits
+        its node's part once every rank reported, then rank 0 the whole
+        save once every part is committed; the leaders then send their part
+        to the next node."""
+        parts = self._parts
+        assert parts is not None
+        n = save._round
+        report: dict[str, Any] = {
+            "seen": {}, "hashed": {}, "error": None, "node": parts.node, "rank": self.rank
+        }  # fmt: skip
+        try:
+            report["seen"] = walk(tmp)
+            mine = sorted(report["seen"])[parts.local_rank :: parts.local_world]
+            report["hashed"] = fsync_and_hash(tmp, mine, False)
+        except Exception as e:
+            report["error"] = f"rank {self.rank}: {type(e).__name__}: {e}"
+        coordinator.report(n, report)
+        part_keys = [coordinator.key(n, f"part/{node}") for node in range(parts.nodes)]
+        coordinator.delete_with_next_round(part_keys)
+        checkpoint = None
+        if parts.leader:
+            try:
+                reports = coordinator.reports(n, everyone=True)
+                errors = [r["error"] for r in reports if r.get("error")]
+                if errors:
+                    raise CheckpointError("; ".join(errors))
+                here = [r for r in reports if r.get("node") == parts.node]
+                extra = {
+                    "part": parts.node,
+                    "parts": parts.nodes,
+                    "id": decision.token,
+                    "ranks": sorted(r["rank"] for r in here),
+                }
+                checkpoint = self._write_commit(save, decision, tmp, here, extra)
+            except BaseException as e:
+                coordinator.store.set(part_keys[parts.node], f"{type(e).__name__}: {e}")
+                raise
+            coordinator.store.set(part_keys[parts.node], "ok")
+        if self.rank == 0:
+            outcome = "ok"
+            try:
+                coordinator.wait_keys(n, part_keys, "every node to commit its part")
+                problems = [r.decode() for r in coordinator.store.multi_get(part_keys)]
+                outcome = "; ".join(p for p in problems if p != "ok") or "ok"
+            except TimeoutError:
+                outcome = f"timed out after {self.timeout:g} s waiting for the nodes' parts"
+            coordinator.announce(n, outcome)
+        coordinator.committed(n)
+        final = save.tier.final(decision.step) if save.tier is not None else tmp
+        if checkpoint is None:
+            manifest, _ = read_manifest(final, decision.step)
+            checkpoint = Checkpoint(final, decision.step, manifest or {"files": {}}, "memory")
+        if parts.leader and save.tier is not None:
+            save.tier.prune(decision.step, self._session)
+            key = self._tier_key((parts.node + 1) % parts.nodes)
+            store = coordinator.store
+            parts.committed(final, decision.step, lambda: _peer(store, key))
+        return checkpoint
+
+    def _write_commit(
+        self,
+        save: _Save,
+        decision: Decision,
+        tmp: Path,
+        reports: list[dict[str, Any]],
+        extra: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        """Rank 0 (a node leader for its part of a snapshot over several
+        nodes, named by ``extra``): the manifest, the rename, the ``latest`` pointer."""
         assert save.tier is not None
         # Subdirectories' entries are fsynced there; tmp's own after the manifest.
         files = gather(tmp, reports, "checkpoint directory", "the with-block", save.tier.durable)
@@ -647,6 +868,7 @@ class Checkpointer:
         }
         if not self._coordinated and self.world_size > 1:
             manifest["rank"] = self.rank
+        manifest.update(extra or {})
         manifest["blake3"] = _native.hash_bytes(canonical(manifest))
         write_atomic(
             tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
@@ -661,7 +883,7 @@ class Checkpointer:
         still write into it, else by rank 0 at its next save."""
         if now:
             remove(tmp)
-        elif self.rank == 0:
+        elif self._cleans_up:
             self._abandoned.append(tmp)
 
     def _remove_abandoned(self) -> None:
@@ -803,7 +1025,9 @@ class Checkpointer:
         finally:
             self._stager = Stager()  # lets go of the CPU copy
             self._snapshots.close()
-            if self.rank == 0:
+            if self._parts is not None:
+                self._parts.close()
+            if self._cleans_up:
                 self._remove_abandoned()
             if self._shipper is not None and not self._shipper.wait(exit_timeout()):
                 warnings.warn(
@@ -817,6 +1041,14 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _peer(store: Any, key: str) -> tuple[str, str] | None:
+    """The next node's tier (address, secret), if it published one."""
+    if not store.check([key]):
+        return None
+    peer = json.loads(store.get(key))
+    return peer["address"], peer["secret"]
 
 
 def _tell_preemption(checkpoint: Checkpoint) -> None:

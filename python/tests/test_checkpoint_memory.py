@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,13 +185,69 @@ def test_memory_every_needs_save_every_and_a_launcher(
     assert [save(ckpt, s) for s in range(3)] == ["disk", None, None]
 
 
-def test_several_nodes_take_disk_checkpoints_only_for_now(
-    tmp_path: Path, tier: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_snapshot_rounds_keys_are_deleted_as_a_disk_saves_are(
+    tmp_path: Path, tier: Path, store_server
 ) -> None:
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    with pytest.warns(UserWarning, match="not yet served across nodes"):
+    """Two ranks snapshot every step: the store holds the same number of
+    keys after 12 rounds as after 2 (before, a snapshot's round left its
+    reports, outcome and commit keys behind: 8 more per step for 2 ranks)."""
+    import threading
+
+    import relaunch
+
+    def connect() -> relaunch.Store:
+        return relaunch.Store("127.0.0.1", store_server.port, timeout=30, prefix="")
+
+    ckpts = [
+        Checkpointer(tmp_path / "d", store=connect(), rank=r, world_size=2, save_every=1000,
+                     memory_every=1)
+        for r in range(2)
+    ]  # fmt: skip
+    errors: list[BaseException] = []
+
+    def steps(rank: int, first: int, last: int) -> None:
+        try:
+            for step in range(first, last):
+                with ckpts[rank].save(step) as path:
+                    assert path is not None
+                    (path / f"r{rank}.bin").write_bytes(b"x" * 100)
+        except BaseException as e:
+            errors.append(e)
+
+    def run(first: int, last: int) -> int:
+        threads = [threading.Thread(target=steps, args=(r, first, last)) for r in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors
+        return connect().num_keys()
+
+    after_two = run(1, 3)
+    assert run(3, 13) == after_two
+    assert ckpts[0].latest().tier == "memory"
+
+
+@pytest.mark.parametrize(
+    "local_world, strategy, says",
+    [("3", "sync_any", "over nodes of different sizes"), ("2", "async", 'strategy="async"')],
+)
+def test_snapshots_a_node_could_not_resume_from_are_not_taken(
+    tmp_path: Path, tier: Path, monkeypatch: pytest.MonkeyPatch, local_world, strategy, says
+) -> None:
+    """A snapshot's parts are named by node rank, so every node must run as
+    many ranks; a rank saving alone ("async") would leave its snapshot on
+    its own node only (test_checkpoint_nodes.py: what is served)."""
+    for name, value in [
+        ("LOCAL_WORLD_SIZE", local_world),
+        ("GROUP_RANK", "0"),
+        ("LOCAL_RANK", "0"),
+    ]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RELAUNCH_STORE", "127.0.0.1:1")
+    with pytest.warns(UserWarning, match=f"is not served .*{re.escape(says)}"):
         ckpt = Checkpointer(
-            tmp_path / "c", save_every=5, memory_every=1, rank=0, world_size=2, strategy="async"
+            tmp_path / "c", save_every=5, memory_every=1, rank=0, world_size=4, strategy=strategy
         )
     assert ckpt._memory is None
 

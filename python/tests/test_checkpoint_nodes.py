@@ -1,0 +1,342 @@
+"""The memory tier over several nodes: each node commits its ranks' part of
+a snapshot in its own launcher's tier and sends it to the next node; after
+a restart every node puts the whole snapshot together, fetching what it
+lacks from the node that holds it, the lost node's part from its replica.
+
+The first tests speak to a node's tier server as a hostile peer would; the
+last ones run DDP jobs on several ``relaunch run`` launchers on this
+machine (each its own node with its own memory tier) and kill a rank, or a
+whole node."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from test_checkpoint_memory import (
+    JOB,
+    MEMORY_TRAIN,
+    assert_same_final_state,
+    run_job,
+    steps_of,
+)
+
+from relaunch import _native
+from relaunch._checkpoint_files import FORMAT, MANIFEST, canonical
+from relaunch._checkpoint_peer import (
+    HEADER,
+    TierServer,
+    committed_parts,
+    fetch_part,
+    newest_whole,
+    send_part,
+)
+from relaunch.errors import CheckpointError
+
+MiB = 2**20
+
+
+def make_part(root: Path, part: int, parts: int, step: int, save_id: str, files: dict) -> Path:
+    """A committed part as a node leader leaves it."""
+    path = root / f"part_{part}" / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    for name, data in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "part": part,
+        "parts": parts,
+        "id": save_id,
+        "files": {n: {"size": len(d), "blake3": None} for n, d in files.items()},
+    }
+    manifest["blake3"] = _native.hash_bytes(canonical(manifest))
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    launcher_dir = tmp_path / "launcher"
+    node_tier = launcher_dir / "ckpt"
+    node_tier.mkdir(parents=True)
+    served = TierServer(node_tier, "127.0.0.1", 4 * MiB, launcher_dir)
+    yield served
+    served.close()
+
+
+def ask(server: TierServer, method: str, path: str, body: bytes = b"", headers=None):
+    host, port = server.address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        all_headers = {HEADER: server.secret, "Content-Length": str(len(body))}
+        all_headers.update(headers or {})
+        conn.request(method, path, body=body, headers=all_headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def raw(server: TierServer, line: str, length: int, body: bytes) -> bytes:
+    """One request by hand (a Content-Length that lies), the answer."""
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        head = f"{line} HTTP/1.1\r\nHost: x\r\n{HEADER}: {server.secret}\r\n"
+        s.sendall(f"{head}Content-Length: {length}\r\n\r\n".encode() + body)
+        s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_replica_sent_arrives_whole_and_fetches_back(server: TierServer, tmp_path: Path) -> None:
+    files = {"x.pt": os.urandom(3 * MiB + 5), "d/y": b"y"}
+    source = make_part(tmp_path / "a", 1, 3, 7, "s-1", files)
+    send_part(server.address, server.secret, source, 1, 7)
+    replica = server.node_tier / "part_1" / "step_00000007"
+    assert (replica / "x.pt").read_bytes() == (source / "x.pt").read_bytes()
+    assert committed_parts(server.node_tier) == [{"part": 1, "parts": 3, "step": 7, "id": "s-1"}]
+    into = tmp_path / "back"
+    into.mkdir()
+    manifest = fetch_part(server.address, server.secret, 1, 7, into)
+    assert manifest["id"] == "s-1"
+    assert (into / "d" / "y").read_bytes() == b"y"
+    assert (into / "x.pt").read_bytes() == (source / "x.pt").read_bytes()
+    # A newer replica of the same part: the two newest steps are kept.
+    for step in (8, 9):
+        newer = make_part(tmp_path / f"a{step}", 1, 3, step, f"s-{step}", {"x.pt": b"n"})
+        send_part(server.address, server.secret, newer, 1, step)
+    assert sorted(p.name for p in (server.node_tier / "part_1").iterdir()) == [
+        "step_00000008",
+        "step_00000009",
+    ]
+
+
+def test_hostile_requests_are_refused_and_leave_nothing(server: TierServer) -> None:
+    status, said = ask(server, "GET", "/part_0/step_00000001/x", headers={HEADER: "wrong"})
+    assert status == 403 and HEADER in said
+    assert ask(server, "GET", "/part_0/step_00000001/../../../etc/passwd")[0] == 404
+    assert ask(server, "GET", "/part_0/step_00000001/nothing")[0] == 404
+    # More than the tier's budget: refused before the body is read.
+    said = raw(server, "PUT /part_0/step_00000001.tmp-ab-cd/x", 5 * MiB, b"")
+    assert said.startswith(b"HTTP/1.1 507") and b"memory tier full" in said, said
+    # A body shorter than it said: the server gives up on it, keeps nothing.
+    said = raw(server, "PUT /part_0/step_00000001.tmp-ab-cd/x", 100, b"only 20 bytes here..")
+    assert said.startswith(b"HTTP/1.1 400") and b"short" in said, said
+    assert not (server.node_tier / "part_0" / "step_00000001.tmp-ab-cd" / "x").exists()
+    # A commit of a replica without its manifest: refused, nothing committed.
+    assert ask(server, "PUT", "/part_0/step_00000001.tmp-ab-cd/x", b"data")[0] == 201
+    status, said = ask(server, "POST", "/part_0/step_00000001.tmp-ab-cd")
+    assert status == 409 and "not whole" in said
+    assert committed_parts(server.node_tier) == []
+    with pytest.raises(CheckpointError, match="HTTP 404"):
+        fetch_part(server.address, server.secret, 0, 1, server.node_tier / "elsewhere")
+
+
+def test_parts_of_different_saves_are_never_taken_for_one_snapshot() -> None:
+    held = [
+        {"part": 0, "parts": 2, "step": 9, "id": "new"},
+        {"part": 1, "parts": 2, "step": 9, "id": "old"},  # step 9 of an earlier attempt
+        {"part": 0, "parts": 2, "step": 8, "id": "a"},
+        {"part": 1, "parts": 2, "step": 8, "id": "a"},
+        {"part": 0, "parts": 3, "step": 10, "id": "b"},  # part 1 and 2 lost
+    ]
+    assert newest_whole(held) == {"step": 8, "id": "a", "parts": 2}
+    assert newest_whole(held[:2]) is None
+
+
+# --- real jobs over several launchers ----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_of_node(launchers: list[subprocess.Popen], node: int) -> subprocess.Popen:
+    """The launcher whose workers have GROUP_RANK ``node`` now."""
+    for launcher in launchers:
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+        for child in children.read_text().split():
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if f"GROUP_RANK={node}".encode() in env and b"RELAUNCH_ZYGOTE_FD" not in b"".join(env):
+                return launcher
+    raise AssertionError(f"no launcher runs node {node}")
+
+
+def run_nodes(tmp_path: Path, nodes: str, count: int, *args: str, kill=None) -> tuple[Path, str]:
+    """``count`` launchers of memory_train.py, one rank each, on this
+    machine (``--nnodes nodes``), each with its own memory tier under
+    tmp_path/shm; ``kill(launchers, out)`` is called once they train."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "shm").mkdir()
+    env = {**os.environ, "RELAUNCH_SNAPSHOT_ROOT": str(tmp_path / "shm")}
+    env.pop("RELAUNCH_SNAPSHOT_DIR", None)
+    port = free_port()
+    command = [
+        sys.executable, "-m", "relaunch", "run", "--nnodes", nodes, "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", tmp_path.name, "--rdzv-conf", "last_call_timeout=2",
+        "--max-restarts", "1", "--monitor-interval", "0.2", "--shutdown-timeout", "5",
+        "--snapshot-memory", "64MiB", str(MEMORY_TRAIN), str(out), "--ckpt-dir", str(out / "ckpt"),
+        *args,
+    ]  # fmt: skip
+    launchers = []
+    try:
+        for i in range(count):
+            launchers.append(
+                subprocess.Popen(
+                    command,
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+            if i == 0:
+                wait_for(lambda: _listening(port), 60, "the first node to host the store")
+        if kill is not None:
+            wait_for(
+                lambda: (
+                    all(len(steps_of(out, r)) >= 30 for r in range(count))
+                    or any(p.poll() is not None for p in launchers)
+                ),
+                180,
+                "every rank to reach step 30",
+            )
+            kill(launchers, out)
+        outputs = [p.communicate(timeout=300)[0] for p in launchers]
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    output = "\n--- next node ---\n".join(outputs)
+    (out / "launchers.log").write_text(output)
+    return out, output
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def re_run_steps(out: Path, rank: int) -> set[int]:
+    steps = steps_of(out, rank)
+    first = {s for a, s in steps if a == 0}
+    second = {s for a, s in steps if a == 1}
+    return first & second
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The job uninterrupted, on one node: the state the two-node run must end with."""
+    pytest.importorskip("torch")
+    return run_job(tmp_path_factory.mktemp("clean"), "clean", *JOB)
+
+
+def test_over_two_nodes_a_killed_rank_resumes_from_memory(tmp_path: Path, clean_run: Path) -> None:
+    """Rank 1, on node 1, is killed: both nodes restart; node 1 fetches
+    the model (written by rank 0 into node 0's part) from node 0."""
+
+    def kill_rank_1(launchers: list[subprocess.Popen], out: Path) -> None:
+        launcher = launcher_of_node(launchers, 1)
+        for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
+            env = Path(f"/proc/{child}/environ").read_bytes()
+            if b"\0RANK=1\0" in env and b"RELAUNCH_ZYGOTE_FD" not in env:
+                os.kill(int(child), signal.SIGKILL)
+                return
+        raise AssertionError("no rank 1")
+
+    out, output = run_nodes(tmp_path, "2", 2, *JOB, kill=kill_rank_1)
+    assert "restarting" in output, output
+    for rank in (0, 1):
+        resumed = json.loads((out / f"resumed.1.{rank}").read_text())
+        assert resumed["tier"] == "memory", output
+        assert len(re_run_steps(out, rank)) <= 1, (rank, sorted(re_run_steps(out, rank)))
+        assert steps_of(out, rank)[-1] == (1, 69)
+    assert_same_final_state(clean_run, out)
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+def test_a_lost_node_resumes_from_its_replica_on_the_next_node(tmp_path: Path) -> None:
+    """Three nodes; node 2's launcher is SIGKILLed with its workers and its
+    memory tier (the node is gone). The two left resume from memory: node
+    2's part of the snapshot from its replica on node 0."""
+
+    def lose_node_2(launchers: list[subprocess.Popen], out: Path) -> None:
+        launcher_of_node(launchers, 2).kill()
+
+    out, output = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_node_2)
+    resumed = [
+        json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
+    ]
+    assert len(resumed) == 2 and all(r["tier"] == "memory" for r in resumed), output
+    assert "resuming from the memory snapshot of step" in output
+    # Every step the lost world had done is either in the snapshot or re-run once at most.
+    survivors = [r for r in range(3) if any(a > 0 for a, _ in steps_of(out, r))]
+    assert len(survivors) == 2
+    last_before = max(s for r in range(3) for a, s in steps_of(out, r) if a == 0)
+    first_after = min(s for r in survivors for a, s in steps_of(out, r) if a > 0)
+    assert last_before - first_after + 1 <= 1, (last_before, first_after)
+    assert all(steps_of(out, r)[-1][1] == 69 for r in survivors)
+
+
+def test_a_host_cut_off_resumes_from_its_replica(hosts, tmp_path: Path) -> None:
+    """Three hosts (network namespaces, ``--nnodes 2:3``); host 2's link
+    goes down mid-run, silently: its launcher lives on, unreachable. The
+    two left resume from memory, host 2's part from its replica."""
+    from test_multihost import ELASTIC, RDZV_CONF, STORE_PORT, Launcher
+
+    out = tmp_path / "out"
+    out.mkdir()
+    endpoint = f"{hosts[0].addr}:{STORE_PORT}"
+    launchers = [
+        Launcher(
+            h, tmp_path / "logs", "run", "--nnodes", "2:3", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", "cut-memory", "--rdzv-conf", RDZV_CONF, *ELASTIC,
+            "--shutdown-timeout", "3", "--snapshot-memory", "64MiB",
+            MEMORY_TRAIN, out, "--ckpt-dir", out / "ckpt", *JOB,
+        )
+        for h in hosts
+    ]  # fmt: skip
+    try:
+        wait_for(
+            lambda: all(len(steps_of(out, r)) >= 30 for r in range(3)),
+            180,
+            "three hosts past step 30",
+        )
+        hosts[2].cut()
+        codes = [la.wait(timeout=240) for la in launchers[:2]]
+        said = "\n".join(f"--- {la.host.name}:\n{la.stderr}" for la in launchers)
+        assert codes == [0, 0], said
+    finally:
+        launchers[2].proc.kill()
+        launchers[2].proc.wait()
+    said = "\n".join(la.stderr + la.out.read_text() for la in launchers[:2])
+    survivors = [r for r in range(3) if any(a > 0 for a, _ in steps_of(out, r))]
+    assert len(survivors) == 2, said
+    last_before = max(s for r in range(3) for a, s in steps_of(out, r) if a == 0)
+    resumed = [
+        json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
+    ]
+    assert resumed and all(r["tier"] == "memory" for r in resumed), said
+    assert all(r["step"] >= last_before - 1 for r in resumed), (resumed, last_before)
+    assert "resuming from the memory snapshot of step" in said
