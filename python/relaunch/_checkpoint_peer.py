@@ -30,6 +30,7 @@ import http.client
 import http.server
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
@@ -61,8 +62,9 @@ PART_DIR = re.compile(r"^part_(\d+)$")
 # How many committed steps of each part a node keeps: the newest, and the one
 # before in case the newest is not whole on every node.
 KEEP = 2
-# What a request may wait for a peer: a stalled peer is given up on.
-PEER_TIMEOUT = 60.0
+# How long a connection may stay silent (no byte either way) before the
+# other side gives up on it.
+PEER_TIMEOUT = 20.0
 _BLOCK = 1 << 20
 _TOKEN = r"[0-9a-f]+-[0-9a-f]+"
 _FILE = re.compile(rf"^/part_(\d+)/(step_\d+)(\.tmp-{_TOKEN})?/(.+)$")
@@ -173,7 +175,7 @@ def local_address() -> str:
 
 class TierServer:
     """Serves a node's tier (``node_tier``: ``part_I/step_S`` directories)
-    to the job's other nodes, from a thread of this process:
+    to the job's other nodes, from threads of this process:
 
     - ``GET /part_I/step_S/NAME``: a file of a committed part;
     - ``PUT /part_I/step_S.tmp-TOKEN/NAME`` (``Content-Length``): a file of a
@@ -190,13 +192,7 @@ class TierServer:
         self.launcher_dir = launcher_dir
         self.secret = secrets.token_hex(16)
         handler = type("Handler", (_Handler,), {"tier": self})
-        # One connection at a time, in one thread that lives as long as the
-        # server: no thread that starts and ends per request, so none ends
-        # while the training code forks (DataLoader workers; before Python
-        # 3.11.10 a fork while a thread ends can deadlock the child,
-        # CPython gh-112275). One peer sends replicas here; fetches come
-        # only while the job resumes.
-        self._httpd = http.server.HTTPServer((host, 0), handler)
+        self._httpd = _PooledServer((host, 0), handler)
         self.address = _join(host, self._httpd.server_address[1])
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="relaunch-tier-server", daemon=True
@@ -206,6 +202,43 @@ class TierServer:
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class _PooledServer(http.server.HTTPServer):
+    """An HTTP server whose connections are served by a few threads that
+    live as long as it does: a stalled or half-open connection holds one of
+    them, not the server, and no thread starts and ends per request, so
+    none ends while the training code forks (DataLoader workers; before
+    Python 3.11.10 a fork while a thread ends can deadlock the child,
+    CPython gh-112275)."""
+
+    WORKERS = 4
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        super().__init__(address, handler)
+        self._connections: queue.Queue = queue.Queue()
+        for i in range(self.WORKERS):
+            threading.Thread(target=self._work, name=f"relaunch-tier-{i}", daemon=True).start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._connections.put((request, client_address))
+
+    def _work(self) -> None:
+        while True:
+            request, client_address = self._connections.get()
+            if request is None:
+                return
+            try:
+                self.finish_request(request, client_address)
+            except Exception:
+                pass  # that peer's connection only
+            finally:
+                self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        for _ in range(self.WORKERS):
+            self._connections.put((None, None))
 
 
 def _join(host: str, port: int) -> str:

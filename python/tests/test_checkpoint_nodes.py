@@ -10,6 +10,7 @@ whole node."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,7 @@ from relaunch import _native
 from relaunch._checkpoint_files import FORMAT, MANIFEST, canonical
 from relaunch._checkpoint_peer import (
     HEADER,
+    Replicator,
     TierServer,
     committed_parts,
     fetch_part,
@@ -74,9 +77,9 @@ def server(tmp_path: Path):
     served.close()
 
 
-def ask(server: TierServer, method: str, path: str, body: bytes = b"", headers=None):
+def ask(server: TierServer, method: str, path: str, body: bytes = b"", headers=None, timeout=30):
     host, port = server.address.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         all_headers = {HEADER: server.secret, "Content-Length": str(len(body))}
         all_headers.update(headers or {})
@@ -135,6 +138,16 @@ def test_hostile_requests_are_refused_and_leave_nothing(server: TierServer) -> N
     said = raw(server, "PUT /part_0/step_00000001.tmp-ab-cd/x", 100, b"only 20 bytes here..")
     assert said.startswith(b"HTTP/1.1 400") and b"short" in said, said
     assert not (server.node_tier / "part_0" / "step_00000001.tmp-ab-cd" / "x").exists()
+    # A peer that stalls mid-body (a half-open link: no FIN, no bytes) holds
+    # one of the server's threads, not the server.
+    host, port = server.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as stalled:
+        stalled.sendall(
+            b"PUT /part_0/step_00000001.tmp-ab-cd/y HTTP/1.1\r\nHost: x\r\n"
+            + f"{HEADER}: {server.secret}\r\nContent-Length: 100\r\n\r\nten bytes!".encode()
+        )
+        # Answered long before the stalled one times out (20 s).
+        assert ask(server, "GET", "/part_0/step_00000001/nothing", timeout=5)[0] == 404
     # A commit of a replica without its manifest: refused, nothing committed.
     assert ask(server, "PUT", "/part_0/step_00000001.tmp-ab-cd/x", b"data")[0] == 201
     status, said = ask(server, "POST", "/part_0/step_00000001.tmp-ab-cd")
@@ -142,6 +155,98 @@ def test_hostile_requests_are_refused_and_leave_nothing(server: TierServer) -> N
     assert committed_parts(server.node_tier) == []
     with pytest.raises(CheckpointError, match="HTTP 404"):
         fetch_part(server.address, server.secret, 0, 1, server.node_tier / "elsewhere")
+
+
+class CuttingProxy:
+    """A TCP proxy to ``target`` that forwards ``budget`` bytes of what the
+    client sends, then closes both sides: a link cut mid-transfer."""
+
+    def __init__(self, target: str, budget: int) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.budget = budget
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._back, args=(upstream, client), daemon=True).start()
+            while self.budget > 0:
+                data = client.recv(min(65536, self.budget))
+                if not data:
+                    break
+                upstream.sendall(data)
+                self.budget -= len(data)
+            for end in (client, upstream):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+
+    @staticmethod
+    def _back(upstream: socket.socket, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                client.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_replica_cut_mid_transfer_leaves_the_one_before(
+    server: TierServer, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The peer keeps its replica of step 1 when step 2's is cut short; the
+    sender says so once on stderr, and again when replicas go through."""
+    first = make_part(tmp_path / "a", 0, 2, 1, "s-1", {"x.pt": os.urandom(MiB)})
+    send_part(server.address, server.secret, first, 0, 1)
+    proxy = CuttingProxy(server.address, 300_000)
+    peer = [proxy.address]
+    replicator = Replicator(lambda: (peer[0], server.secret))
+    try:
+        second = make_part(tmp_path / "b", 0, 2, 2, "s-2", {"x.pt": os.urandom(MiB)})
+        replicator.submit(second, 0, 2)
+        assert replicator.wait(60)
+        assert committed_parts(server.node_tier) == [
+            {"part": 0, "parts": 2, "step": 1, "id": "s-1"}
+        ]
+        err = capfd.readouterr().err
+        assert "part 0 of the memory snapshot of step 2 was not replicated" in err, err
+        # The link is back: the next snapshot's part goes through.
+        peer[0] = server.address
+        third = make_part(tmp_path / "c", 0, 2, 3, "s-3", {"x.pt": os.urandom(MiB)})
+        replicator.submit(third, 0, 3)
+        assert replicator.wait(60)
+        steps = sorted(p["step"] for p in committed_parts(server.node_tier))
+        assert steps == [1, 3]
+        assert "replicated to the next node again (step 3)" in capfd.readouterr().err
+    finally:
+        replicator.close()
+        proxy.close()
+
+
+def test_a_replica_the_peer_has_no_room_for_is_refused_and_said(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    launcher_dir = tmp_path / "launcher"
+    (launcher_dir / "ckpt").mkdir(parents=True)
+    small = TierServer(launcher_dir / "ckpt", "127.0.0.1", MiB, launcher_dir)
+    replicator = Replicator(lambda: (small.address, small.secret))
+    try:
+        part = make_part(tmp_path / "a", 1, 2, 5, "s", {"x.pt": os.urandom(2 * MiB)})
+        replicator.submit(part, 1, 5)
+        assert replicator.wait(60)
+        err = capfd.readouterr().err
+        assert "HTTP 507: memory tier full" in err, err
+        assert committed_parts(small.node_tier) == []
+    finally:
+        replicator.close()
+        small.close()
 
 
 def test_parts_of_different_saves_are_never_taken_for_one_snapshot() -> None:
