@@ -1,7 +1,8 @@
 """The preemption benchmarks: goodput under repeated preemption, and restart
 latency after a crash, each an end-to-end proof that fails loudly.
 
-    .venv/bin/python bench/preempt/run.py [--only goodput|crash|memory] [--repeat 2] [--seed 0]
+    .venv/bin/python bench/preempt/run.py [--only goodput|crash|memory|nodes] [--repeat 2] \
+        [--seed 0]
 
 Both run `bench/preempt/train.py` (2 ranks, gloo, CPU, a DataLoader with
 workers over 1001 synthetic samples, `relaunch.InterruptibleSampler`,
@@ -55,6 +56,18 @@ time until the job is back past the newest step done before the kill (the
 gap plus the re-run steps). Checked: memory_every=1 re-runs at most 1
 step, and its final state is bitwise the disk-only run's.
 
+**A lost node** (`--only nodes`). The same job on three nodes (three
+launchers on this machine, `--nnodes 2:3`, one rank each, each with its
+own memory tier; `keep_alive_timeout=3`, so that the nodes left find the
+lost one in seconds rather than the default 30 s), disk checkpoints every
+50 steps, without and with
+`memory_every=1`; the last launcher (not the store's) is SIGKILLed with
+its worker and its memory tier after the same random steps (`--repeat` of
+them). Measured: steps re-run by the two nodes left and the gap from the
+last step before the kill to their first step after. Checked: with memory
+snapshots at most 1 step is re-run (the lost node's part comes from its
+replica on the next node).
+
 Results go to stdout (markdown rows) and bench/out/preempt.json.
 """
 
@@ -64,9 +77,11 @@ import argparse
 import itertools
 import json
 import math
+import os
 import random
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -637,9 +652,107 @@ def memory(
     return out
 
 
+NODES = 3
+NODE_MODES = ("disk only", "memory_every=1, replica on the next node")
+
+
+def node_lost_once(dir: Path, mode: str, kill_after: int) -> dict[str, Any]:
+    """Three nodes (one launcher each on this machine, `--nnodes 2:3`, one
+    rank each); the last launcher started (not the first, whose store the
+    job uses) is SIGKILLed with its worker and its memory tier after step
+    `kill_after`: the two left go on in a world of two, from disk or from
+    memory (the lost node's part from its replica on the next node)."""
+    timing = dir / "timing"
+    dir.mkdir(parents=True)
+    (dir / "shm").mkdir()
+    train = ["--epochs", "2", "--samples", str(SAMPLES), "--batch-size", str(BATCH)]
+    train += ["--step-time", str(STEP_TIME), "--num-workers", "2", "--ckpt-every", str(DISK_EVERY)]
+    train += ["--ckpt-dir", str(dir / "ckpt"), "--timing", str(timing)]
+    if "memory" in mode:
+        train += ["--memory-every", "1"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        RELAUNCH, "run", "--nnodes", f"2:{NODES}", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", dir.name,
+        "--rdzv-conf", "last_call_timeout=2,keep_alive_timeout=3", "--max-restarts", "1",
+        "--monitor-interval", "0.2",
+        "--shutdown-timeout", "5", "--snapshot-memory", "256MiB", str(TRAIN), *train,
+    ]  # fmt: skip
+    env = {**os.environ, "RELAUNCH_SNAPSHOT_ROOT": str(dir / "shm")}
+    logs = [(dir / f"node{i}.log").open("w") for i in range(NODES)]
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(NODES):
+            procs.append(
+                subprocess.Popen(
+                    command, stdout=logs[i], stderr=subprocess.STDOUT, env=env, cwd=dir
+                )
+            )
+        deadline = time.monotonic() + 300
+        while not all(
+            any(s >= kill_after for (_, at, s, _) in steps_done(timing, r) if at == 0)
+            for r in range(NODES)
+        ):
+            check(all(p.poll() is None for p in procs), f"{mode}: a launcher exited early")
+            check(time.monotonic() < deadline, f"{mode}: no step {kill_after} on every node")
+            time.sleep(0.005)
+        victim = procs[-1]
+        killed = time.time()
+        victim.kill()
+        codes = [p.wait(300) for p in procs if p is not victim]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    check(codes == [0, 0], f"{mode}: the two nodes left exited {codes}")
+    done = [(s, t) for r in range(NODES) for (_, at, s, t) in steps_done(timing, r) if at == 0]
+    newest_step = max(s for s, t in done if t <= killed)
+    last_before = max(t for s, t in done if t <= killed)
+    second = read_timing(timing, 0, 1, 0)
+    check(second.get("finished") is True, f"{mode}: the world of two did not finish")
+    return {
+        "killed_after_step": newest_step,
+        "resumed_at_step": second["start_step"],
+        "steps_rerun": newest_step - second["start_step"] + 1,
+        "gap_s": second["first_step_done"] - last_before,
+        "command": " ".join(command),
+    }
+
+
+def nodes(dir: Path, repeat: int, seed: int) -> dict[str, Any]:
+    """A lost node, from disk and from the replica, after the same random steps."""
+    rng = random.Random(seed)
+    kills = [rng.randint(DISK_EVERY + 5, 2 * DISK_EVERY - 5) for _ in range(repeat)]
+    out: dict[str, Any] = {"kill_after_steps": kills, "modes": {}}
+    for m, mode in enumerate(NODE_MODES):
+        samples = []
+        for i, kill_after in enumerate(kills):
+            sample = node_lost_once(dir / f"{m}-{i}", mode, kill_after)
+            print(
+                f"  {mode}: node lost after step {sample['killed_after_step']}, resumed at "
+                f"{sample['resumed_at_step']} ({sample['steps_rerun']} re-run), gap "
+                f"{sample['gap_s']:.2f} s",
+                flush=True,
+            )
+            samples.append(sample)
+        out["modes"][mode] = {
+            "steps_rerun": [s["steps_rerun"] for s in samples],
+            "gap_s": statistics.median(s["gap_s"] for s in samples),
+            "runs": samples,
+        }
+    worst = max(out["modes"][NODE_MODES[1]]["steps_rerun"])
+    check(worst <= 1, f"a lost node re-ran {worst} steps from the replica, more than 1")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=["goodput", "crash", "memory"], default=None)
+    p.add_argument("--only", choices=["goodput", "crash", "memory", "nodes"], default=None)
     p.add_argument("--repeat", type=int, default=2, help="crash samples per configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -708,6 +821,13 @@ def main() -> int:
             for mode, r in m["modes"].items():
                 parts = ", ".join(f"{k} {v:.2f} s" for k, v in r["startup_parts_s"].items())
                 print(f"{mode}: the restarted rank 0's start-up: {parts}")
+        if a.only in (None, "nodes"):
+            print(f"a lost node of {NODES}: disk checkpoints every 50 steps vs memory", flush=True)
+            n = nodes(dir / "nodes", a.repeat, a.seed)
+            result["nodes"] = n
+            print("\n| mode | steps re-run | gap: last step to first after |\n|---|---|---|")
+            for mode, r in n["modes"].items():
+                print(f"| {mode} | {r['steps_rerun']} | {r['gap_s']:.2f} s |")
     except Failed as e:
         print(f"FAILED: {e}", file=sys.stderr, flush=True)
         print(f"(files kept in {dir})", file=sys.stderr)

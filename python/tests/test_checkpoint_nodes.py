@@ -270,20 +270,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launcher_of_node(launchers: list[subprocess.Popen], node: int) -> subprocess.Popen:
-    """The launcher whose workers have GROUP_RANK ``node`` now."""
-    for launcher in launchers:
-        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
-        for child in children.read_text().split():
-            try:
-                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if f"GROUP_RANK={node}".encode() in env and b"RELAUNCH_ZYGOTE_FD" not in b"".join(env):
-                return launcher
-    raise AssertionError(f"no launcher runs node {node}")
-
-
 def run_nodes(tmp_path: Path, nodes: str, count: int, *args: str, kill=None) -> tuple[Path, str]:
     """``count`` launchers of memory_train.py, one rank each, on this
     machine (``--nnodes nodes``), each with its own memory tier under
@@ -362,12 +348,13 @@ def test_over_two_nodes_a_killed_rank_resumes_from_memory(tmp_path: Path, clean_
     the model (written by rank 0 into node 0's part) from node 0."""
 
     def kill_rank_1(launchers: list[subprocess.Popen], out: Path) -> None:
-        launcher = launcher_of_node(launchers, 1)
-        for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
-            env = Path(f"/proc/{child}/environ").read_bytes()
-            if b"\0RANK=1\0" in env and b"RELAUNCH_ZYGOTE_FD" not in env:
-                os.kill(int(child), signal.SIGKILL)
-                return
+        for launcher in launchers:
+            children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+            for child in children.read_text().split():
+                env = Path(f"/proc/{child}/environ").read_bytes()
+                if b"\0RANK=1\0" in env and b"RELAUNCH_ZYGOTE_FD" not in env:
+                    os.kill(int(child), signal.SIGKILL)
+                    return
         raise AssertionError("no rank 1")
 
     out, output = run_nodes(tmp_path, "2", 2, *JOB, kill=kill_rank_1)
@@ -382,14 +369,15 @@ def test_over_two_nodes_a_killed_rank_resumes_from_memory(tmp_path: Path, clean_
 
 
 def test_a_lost_node_resumes_from_its_replica_on_the_next_node(tmp_path: Path) -> None:
-    """Three nodes; node 2's launcher is SIGKILLed with its workers and its
-    memory tier (the node is gone). The two left resume from memory: node
-    2's part of the snapshot from its replica on node 0."""
+    """Three nodes; the last launcher started (not the first, whose store
+    the job uses) is SIGKILLed with its worker and its memory tier (the
+    node is gone). The two left resume from memory: the lost node's part
+    of the snapshot from its replica on the next node."""
 
-    def lose_node_2(launchers: list[subprocess.Popen], out: Path) -> None:
-        launcher_of_node(launchers, 2).kill()
+    def lose_a_node(launchers: list[subprocess.Popen], out: Path) -> None:
+        launchers[-1].kill()
 
-    out, output = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_node_2)
+    out, output = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_a_node)
     resumed = [
         json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
     ]
