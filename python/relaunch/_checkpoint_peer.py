@@ -147,6 +147,19 @@ def prune_part(root: Path, keep: int = KEEP) -> None:
         remove(aside)
 
 
+def remove_temporaries(root: Path) -> None:
+    """Removes replicas that were never committed in one part's directory
+    (their senders died or were cut off): called once a replica of that
+    part is committed, when no other is on its way (one sender per part)."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if ".tmp-" in entry.name or ".old-" in entry.name:
+            remove(Path(entry.path))
+
+
 def _tree_size(root: Path) -> int:
     total = 0
     for dirpath, _, filenames in os.walk(root):
@@ -216,12 +229,17 @@ class _PooledServer(http.server.HTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type) -> None:
         super().__init__(address, handler)
-        self._connections: queue.Queue = queue.Queue()
+        # Connections waiting for a thread; past that many a new one is
+        # closed at once (a flood holds no more sockets than this).
+        self._connections: queue.Queue = queue.Queue(maxsize=16)
         for i in range(self.WORKERS):
             threading.Thread(target=self._work, name=f"relaunch-tier-{i}", daemon=True).start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._connections.put((request, client_address))
+        try:
+            self._connections.put_nowait((request, client_address))
+        except queue.Full:
+            self.shutdown_request(request)
 
     def _work(self) -> None:
         while True:
@@ -238,7 +256,8 @@ class _PooledServer(http.server.HTTPServer):
     def server_close(self) -> None:
         super().server_close()
         for _ in range(self.WORKERS):
-            self._connections.put((None, None))
+            with _suppress():
+                self._connections.put((None, None), timeout=1)
 
 
 def _join(host: str, port: int) -> str:
@@ -311,9 +330,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         size = int(length)
         tier = self.tier
+        replica = part_root(tier.node_tier, int(match.group(1))) / (match.group(2) + match.group(3))
+        target = replica / match.group(4)
         if tier.budget is not None:
             used = _tree_size(tier.launcher_dir)
             if used + size > tier.budget:
+                # The replica cannot be whole: what of it arrived goes, and
+                # the body is read (not answered over) so that the sender
+                # gets this answer rather than a reset.
+                remove(replica)
+                self._drain(size)
                 self.close_connection = True
                 self._answer(
                     507,
@@ -321,11 +347,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     f"{size} more asked (--snapshot-memory)",
                 )
                 return
-        target = (
-            part_root(tier.node_tier, int(match.group(1)))
-            / (match.group(2) + match.group(3))
-            / match.group(4)
-        )
         target.parent.mkdir(parents=True, exist_ok=True)
         # Reserved at once (truncate: the size counts for the next check).
         with open(target, "wb") as out:
@@ -341,12 +362,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     left -= len(block)
         except (OSError, ConnectionError) as e:
             self.close_connection = True
-            with _suppress():
-                target.unlink()
+            remove(replica)  # never whole now: its sender gives up on it
             with _suppress():
                 self._answer(400, f"replica file not received whole: {e}")
             return
         self._answer(201)
+
+    def _drain(self, size: int) -> None:
+        with _suppress():
+            while size > 0:
+                block = self.rfile.read(min(size, _BLOCK))
+                if not block:
+                    return
+                size -= len(block)
 
     def do_POST(self) -> None:
         if not self._allowed():
@@ -360,6 +388,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         tmp = root / f"{step_name(step)}.tmp-{match.group(3)}"
         manifest, problem = verify_checkpoint(tmp, step, full=False)
         if manifest is None or manifest.get("part") != part:
+            remove(tmp)
             self._answer(409, f"replica of part {part}, step {step} is not whole: {problem}")
             return
         final = root / step_name(step)
@@ -369,6 +398,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             remove(aside)
         os.rename(tmp, final)
         prune_part(root)
+        remove_temporaries(root)
         self._answer(204)
 
 
@@ -427,22 +457,37 @@ def send_part(address: str, secret: str, part_dir: Path, part: int, step: int) -
         conn.close()
 
 
-def fetch_part(address: str, secret: str, part: int, step: int, into: Path) -> dict[str, Any]:
-    """Fetches committed part ``part`` of ``step`` from the tier at
-    ``address`` into directory ``into``; returns its manifest."""
+def fetch_manifest(address: str, secret: str, part: int, step: int) -> dict[str, Any]:
+    """The manifest of committed part ``part`` of ``step`` at ``address``."""
+    conn = _connect(address)
+    try:
+        conn.request("GET", f"/part_{part}/{step_name(step)}/{MANIFEST}", headers={HEADER: secret})
+        raw = _check(conn.getresponse(), f"fetching the manifest of part {part}")
+    finally:
+        conn.close()
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("blake3") != _native.hash_bytes(
+        canonical(manifest)
+    ):
+        raise CheckpointError(f"part {part} of step {step}: its manifest does not verify")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(safe_name(n) for n in files):
+        raise CheckpointError(f"part {part} of step {step} names a file outside it")
+    return manifest
+
+
+def fetch_files(
+    address: str, secret: str, part: int, step: int, manifest: dict[str, Any], into: Path
+) -> None:
+    """Fetches the files ``manifest`` names of part ``part`` of ``step``
+    from ``address`` into directory ``into``, each checked for its size."""
     base = f"/part_{part}/{step_name(step)}"
     conn = _connect(address)
     try:
-        conn.request("GET", f"{base}/{MANIFEST}", headers={HEADER: secret})
-        raw = _check(conn.getresponse(), f"fetching the manifest of part {part}")
-        manifest = json.loads(raw)
-        if not isinstance(manifest, dict) or manifest.get("blake3") != _native.hash_bytes(
-            canonical(manifest)
-        ):
-            raise CheckpointError(f"part {part} of step {step}: its manifest does not verify")
-        for name, entry in sorted(manifest.get("files", {}).items()):
-            if not safe_name(name):
-                raise CheckpointError(f"part {part} names a file outside it: {name!r}")
+        for name, entry in sorted(manifest["files"].items()):
             target = into / name
             target.parent.mkdir(parents=True, exist_ok=True)
             conn.request("GET", f"{base}/{urllib.parse.quote(name)}", headers={HEADER: secret})
@@ -456,9 +501,16 @@ def fetch_part(address: str, secret: str, part: int, step: int, into: Path) -> d
                     f"{name} of part {part} arrived with {os.stat(target).st_size} bytes, "
                     f"its manifest says {entry.get('size')}"
                 )
-        return manifest
     finally:
         conn.close()
+
+
+def fetch_part(address: str, secret: str, part: int, step: int, into: Path) -> dict[str, Any]:
+    """Fetches committed part ``part`` of ``step`` from the tier at
+    ``address`` into directory ``into``; returns its manifest."""
+    manifest = fetch_manifest(address, secret, part, step)
+    fetch_files(address, secret, part, step, manifest, into)
+    return manifest
 
 
 def merged_manifest(parts: list[dict[str, Any]], step: int) -> dict[str, Any]:
@@ -487,31 +539,37 @@ def assemble_into(
     choice: dict[str, Any],
     node_tier: Path,
     holders: dict[int, tuple[str, str]],
+    room: Any,
 ) -> dict[str, Any]:
     """Puts snapshot ``choice`` (``step``, ``id``, ``parts``) together in
     directory ``tmp``: the parts this node holds copied, the others fetched
-    from ``holders`` (part -> (address, secret)). Returns its manifest
-    (written there)."""
+    from ``holders`` (part -> (address, secret)), once ``room(bytes)`` said
+    the whole fits (it raises if not). Returns its manifest (written there)."""
     step = choice["step"]
-    manifests = []
+    sources: list[tuple[int, dict[str, Any], Path | None]] = []
     for part in range(choice["parts"]):
         local = part_root(node_tier, part) / step_name(step)
         manifest, _ = read_manifest(local, step)
         if manifest is not None and manifest.get("id") == choice["id"]:
-            for name in manifest["files"]:
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(local / name, tmp / name)
+            sources.append((part, manifest, local))
         elif part in holders:
-            address, secret = holders[part]
-            manifest = fetch_part(address, secret, part, step, tmp)
+            manifest = fetch_manifest(*holders[part], part, step)
             if manifest.get("id") != choice["id"]:
                 raise CheckpointError(
-                    f"node {address} now holds another save of part {part} of step {step}"
+                    f"node {holders[part][0]} now holds another save of part {part} of step {step}"
                 )
+            sources.append((part, manifest, None))
         else:
             raise CheckpointError(f"no live node holds part {part} of step {step}")
-        manifests.append(manifest)
-    merged = merged_manifest(manifests, step)
+    merged = merged_manifest([manifest for _, manifest, _ in sources], step)
+    room(sum(entry["size"] for entry in merged["files"].values()))
+    for part, manifest, local in sources:
+        if local is None:
+            fetch_files(*holders[part], part, step, manifest, tmp)
+            continue
+        for name in manifest["files"]:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local / name, tmp / name)
     write_atomic(tmp / MANIFEST, (json.dumps(merged, indent=1, sort_keys=True) + "\n").encode())
     return merged
 
@@ -649,19 +707,31 @@ class Parts:
 
     def committed(self, final: Path, step: int, peer: Any) -> None:
         """Node leader, after this node's part of ``step`` is committed in
-        ``final`` (and the whole save): drops snapshots put together
-        before, and sends the part to the next node (``peer()`` looks its
+        ``final`` (and the whole save): drops the snapshot put together at
+        the restart, and sends the part to the next node (``peer()`` looks its
         address up while none is known)."""
         if not self.leader:
             return
-        for step_dir in self.whole.step_dirs():
-            if step_dir[0] < step:
-                remove(step_dir[1])
+        for _, path in self.whole.step_dirs():
+            remove(path)
         if self.replicator is None:
             return
         if self.peer is None:
             self.peer = peer()
         self.replicator.submit(final, self.node, step)
+
+    def room_for_whole(self, size: int) -> None:
+        """Raises unless the node's tier has room for a whole snapshot of
+        ``size`` bytes beside what it holds."""
+        budget = self.whole.budget
+        if budget is None:
+            return
+        used = _tree_size(self.whole.node_root)
+        if used + size > budget:
+            raise CheckpointError(
+                f"the node's memory tier has no room to put the snapshot together: it holds "
+                f"{used} of its {budget} bytes (--snapshot-memory), the snapshot takes {size}"
+            )
 
     def close(self) -> None:
         if self.replicator is not None:

@@ -181,15 +181,17 @@ class Tier:
     def final(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
 
-    def commit(self, tmp: Path, step: int, session: str) -> Path:
+    def commit(self, tmp: Path, step: int, session: str, replace: bool = False) -> Path:
         """Renames ``tmp``, whose manifest is durable, to its final name and
-        points ``latest`` at it: the rename is the commit."""
+        points ``latest`` at it: the rename is the commit. A checkpoint of
+        the same step already there is an error unless it does not verify
+        or ``replace``."""
         if self.durable:
             fsync(tmp)
         final = self.final(step)
         aside = None
         if final.exists():
-            if verify_checkpoint(final, step, full=True)[0] is not None:
+            if not replace and verify_checkpoint(final, step, full=True)[0] is not None:
                 raise CheckpointError(
                     f"{final} appeared while step {step} was being saved (another "
                     'rank or process saves into this directory: with strategy="async" only '

@@ -103,6 +103,7 @@ from relaunch._checkpoint_files import (
     read_manifest,
     remove,
     safe_name,
+    verify_checkpoint,
     walk,
     write_atomic,
 )
@@ -127,6 +128,11 @@ STRATEGIES = ("sync_any", "sync_all", "async")
 # Temporary directories this process is writing, which no Checkpointer of
 # this process cleans up as stale.
 _IN_PROGRESS: set[str] = set()
+
+# How many times this process agreed on a memory snapshot over several
+# nodes, per key prefix (a directory in an attempt) and rank: each time has
+# keys of its own.
+_LATEST_ROUNDS: dict[tuple[str, int], int] = {}
 
 
 # --- the checkpointer ------------------------------------------------------------
@@ -454,10 +460,14 @@ class Checkpointer:
         assert parts is not None
         coordinator = self._coordinator_()
         store = coordinator.store
-        prefix = f"{self._key_prefix}latest/{parts.rounds}/"
-        parts.rounds += 1
+        # Numbered per process, not per Checkpointer: a second Checkpointer
+        # of the same directory in this attempt never reads the first's keys.
+        number = _LATEST_ROUNDS.get((self._key_prefix, self.rank), 0)
+        _LATEST_ROUNDS[(self._key_prefix, self.rank)] = number + 1
+        prefix = f"{self._key_prefix}latest/{number}/"
         held = committed_parts(parts.node_tier)
-        store.set(f"{prefix}have/{self.rank}", json.dumps({"node": parts.node, "held": held}))
+        mine = {"node": parts.node, "held": held, "disk": disk_step}
+        store.set(f"{prefix}have/{self.rank}", json.dumps(mine))
         keys = [f"{prefix}have/{r}" for r in range(self.world_size)]
         self._wait_all(
             coordinator,
@@ -467,14 +477,20 @@ class Checkpointer:
         )
         haves = [json.loads(raw) for raw in store.multi_get(keys)]
         choice = newest_whole([h for have in haves for h in have["held"]])
-        if choice is None or (disk_step is not None and disk_step >= choice["step"]):
+        # Every rank decides on the same records, the disk's newest included.
+        disk = max((h["disk"] for h in haves if h["disk"] is not None), default=None)
+        if choice is None or (disk is not None and disk >= choice["step"]):
             return None
         nodes = sorted({have["node"] for have in haves})
         step = choice["step"]
+        final = parts.whole.final(step)
         if parts.leader:
             outcome = "ok"
             try:
                 self._put_together(choice, haves)
+                manifest, problem = verify_checkpoint(final, step, full=False)
+                if manifest is None or manifest.get("id") != choice["id"]:
+                    raise CheckpointError(f"{final} does not verify: {problem or 'another save'}")
             except Exception as e:
                 outcome = f"node {parts.node}: {type(e).__name__}: {e}"
             store.set(f"{prefix}whole/{parts.node}", outcome)
@@ -482,10 +498,11 @@ class Checkpointer:
         self._wait_all(coordinator, keys, "every node to put the memory snapshot together")
         problems = [raw.decode() for raw in store.multi_get(keys) if raw != b"ok"]
         if not problems:
-            checkpoint = parts.whole.newest(False, stacklevel + 1)
-            if checkpoint is not None and checkpoint.step == step:
-                return checkpoint
-            problems = [f"node {parts.node}: the snapshot put together does not verify"]
+            manifest, problem = verify_checkpoint(final, step, full=False)
+            if manifest is None:
+                # The leader verified it a moment ago: not a state to resume from.
+                raise CheckpointError(f"the memory snapshot {final} changed: {problem}")
+            return Checkpoint(final, step, manifest, "memory")
         if self.rank == 0:
             warnings.warn(
                 f"relaunch.Checkpointer: the memory snapshot of step {step} could not be put "
@@ -515,9 +532,8 @@ class Checkpointer:
         _IN_PROGRESS.add(str(tmp))
         try:
             tmp.mkdir()
-            merged = assemble_into(tmp, choice, parts.node_tier, holders)
-            parts.whole.check_room(tmp, sum(e["size"] for e in merged["files"].values()), step)
-            parts.whole.commit(tmp, step, self._session)
+            assemble_into(tmp, choice, parts.node_tier, holders, parts.room_for_whole)
+            parts.whole.commit(tmp, step, self._session, replace=True)
         except BaseException:
             remove(tmp)
             raise
@@ -797,6 +813,7 @@ class Checkpointer:
         part_keys = [coordinator.key(n, f"part/{node}") for node in range(parts.nodes)]
         coordinator.delete_with_next_round(part_keys)
         checkpoint = None
+        failed: BaseException | None = None
         if parts.leader:
             try:
                 reports = coordinator.reports(n, everyone=True)
@@ -812,9 +829,13 @@ class Checkpointer:
                 }
                 checkpoint = self._write_commit(save, decision, tmp, here, extra)
             except BaseException as e:
-                coordinator.store.set(part_keys[parts.node], f"{type(e).__name__}: {e}")
-                raise
-            coordinator.store.set(part_keys[parts.node], "ok")
+                # Said, and (on rank 0) announced below, before it is raised:
+                # no rank waits for a key that nobody sets.
+                failed = e
+            coordinator.store.set(
+                part_keys[parts.node],
+                "ok" if failed is None else f"{type(failed).__name__}: {failed}",
+            )
         if self.rank == 0:
             outcome = "ok"
             try:
@@ -824,7 +845,16 @@ class Checkpointer:
             except TimeoutError:
                 outcome = f"timed out after {self.timeout:g} s waiting for the nodes' parts"
             coordinator.announce(n, outcome)
-        coordinator.committed(n)
+        if failed is not None:
+            raise failed
+        try:
+            coordinator.committed(n)
+        except BaseException:
+            # Another node's part failed: this one is of a save that is not
+            # whole, and a later save of the same step replaces it anyway.
+            if checkpoint is not None:
+                remove(checkpoint.path)
+            raise
         final = save.tier.final(decision.step) if save.tier is not None else tmp
         if checkpoint is None:
             manifest, _ = read_manifest(final, decision.step)
@@ -874,8 +904,11 @@ class Checkpointer:
             tmp / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         )
         # Every file's entry and the manifest's are durable before the
-        # directory takes its final name: the rename is the commit.
-        final = save.tier.commit(tmp, decision.step, self._session)
+        # directory takes its final name: the rename is the commit. A part
+        # of the same step already there is of another save (one that was
+        # not whole, or this node's replica from before the nodes were
+        # numbered anew): replaced.
+        final = save.tier.commit(tmp, decision.step, self._session, replace=extra is not None)
         return Checkpoint(final, decision.step, manifest, save.tier.name)
 
     def _abandon(self, tmp: Path, now: bool) -> None:

@@ -14,11 +14,14 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ from test_checkpoint_memory import (
     steps_of,
 )
 
+import relaunch
 from relaunch import _native
 from relaunch._checkpoint_files import FORMAT, MANIFEST, canonical
 from relaunch._checkpoint_peer import (
@@ -137,7 +141,7 @@ def test_hostile_requests_are_refused_and_leave_nothing(server: TierServer) -> N
     # A body shorter than it said: the server gives up on it, keeps nothing.
     said = raw(server, "PUT /part_0/step_00000001.tmp-ab-cd/x", 100, b"only 20 bytes here..")
     assert said.startswith(b"HTTP/1.1 400") and b"short" in said, said
-    assert not (server.node_tier / "part_0" / "step_00000001.tmp-ab-cd" / "x").exists()
+    assert not (server.node_tier / "part_0" / "step_00000001.tmp-ab-cd").exists()
     # A peer that stalls mid-body (a half-open link: no FIN, no bytes) holds
     # one of the server's threads, not the server.
     host, port = server.address.rsplit(":", 1)
@@ -224,6 +228,11 @@ def test_a_replica_cut_mid_transfer_leaves_the_one_before(
         assert replicator.wait(60)
         steps = sorted(p["step"] for p in committed_parts(server.node_tier))
         assert steps == [1, 3]
+        # What the cut transfer left is gone with the next commit.
+        assert sorted(p.name for p in (server.node_tier / "part_0").iterdir()) == [
+            "step_00000001",
+            "step_00000003",
+        ]
         assert "replicated to the next node again (step 3)" in capfd.readouterr().err
     finally:
         replicator.close()
@@ -433,3 +442,158 @@ def test_a_host_cut_off_resumes_from_its_replica(hosts, tmp_path: Path) -> None:
     assert resumed and all(r["tier"] == "memory" for r in resumed), said
     assert all(r["step"] >= last_before - 1 for r in resumed), (resumed, last_before)
     assert "resuming from the memory snapshot of step" in said
+
+
+# --- two nodes in this process ---------------------------------------------------------
+
+
+class TwoNodes:
+    """Two nodes of one rank each in this process: each Checkpointer is
+    made with its node's environment (node rank, its own memory tier), and
+    the ranks' saves run in threads, through a real store."""
+
+    def __init__(self, tmp_path: Path, store_port: int, monkeypatch, attempt: int = 0) -> None:
+        self.tmp_path = tmp_path
+        self.tiers = [tmp_path / f"node{n}" / "tier" for n in range(2)]
+        self.ckpts = []
+        monkeypatch.setenv("RELAUNCH_RUN_ID", "two-nodes")
+        monkeypatch.setenv("RELAUNCH_ATTEMPT", str(attempt))
+        monkeypatch.setenv("RELAUNCH_STORE", f"127.0.0.1:{store_port}")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("RELAUNCH_SNAPSHOT_MEMORY", str(64 * MiB))
+        for node, tier in enumerate(self.tiers):
+            tier.mkdir(parents=True, exist_ok=True)
+            monkeypatch.setenv("GROUP_RANK", str(node))
+            monkeypatch.setenv("RELAUNCH_SNAPSHOT_DIR", str(tier))
+            self.ckpts.append(
+                relaunch.Checkpointer(
+                    tmp_path / "disk",
+                    rank=node,
+                    world_size=2,
+                    save_every=1000,
+                    memory_every=1,
+                    timeout=60,
+                )
+            )
+
+    def each(self, fn) -> list:
+        """``fn(rank, ckpt)`` on both ranks at once; their results (or errors)."""
+        results: list = [None, None]
+
+        def run(rank: int) -> None:
+            try:
+                results[rank] = fn(rank, self.ckpts[rank])
+            except BaseException as e:
+                results[rank] = e
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        return results
+
+    def save(self, step: int) -> list[str]:
+        """Both ranks save ``step``; the warnings they gave (an error raises)."""
+
+        def one(rank: int, ckpt) -> None:
+            with ckpt.save(step) as path:
+                assert path is not None
+                if rank == 0:
+                    (path / "model.pt").write_bytes(step.to_bytes(4, "little") * 1000)
+                (path / f"rank{rank}.pt").write_bytes(b"r" * 100)
+
+        # Recorded here, around both threads: warnings' state is the process's.
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            results = self.each(one)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        return [str(w.message) for w in said]
+
+    def close(self) -> None:
+        for ckpt in self.ckpts:
+            ckpt.close()
+
+
+def held_in(tier: Path) -> Path:
+    """The checkpoint directory's own folder in a node's memory tier."""
+    return next(p for p in tier.iterdir() if p.is_dir())
+
+
+def test_two_nodes_resume_from_a_whole_snapshot_each_reads_every_file(
+    tmp_path: Path, store_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = TwoNodes(tmp_path, store_server.port, monkeypatch)
+    try:
+        for step in (1, 2, 3):
+            assert first.save(step) == []
+        # Each node holds its own part and the other's replica.
+        for node in (0, 1):
+            wait_for(
+                lambda node=node: {(p["part"], p["step"]) for p in committed_parts(
+                    held_in(first.tiers[node]))} >= {(0, 3), (1, 3)},
+                30,
+                f"node {node} to hold both parts of step 3",
+            )  # fmt: skip
+    finally:
+        first.close()
+    # The next attempt: both nodes put step 3 together and read any file of it.
+    second = TwoNodes(tmp_path, store_server.port, monkeypatch, attempt=1)
+    try:
+        found = second.each(lambda rank, ckpt: ckpt.latest())
+        assert [c.step for c in found] == [3, 3] and [c.tier for c in found] == ["memory"] * 2
+        for checkpoint in found:
+            assert (checkpoint.path / "model.pt").read_bytes() == (3).to_bytes(4, "little") * 1000
+            assert sorted(checkpoint.files) == ["model.pt", "rank0.pt", "rank1.pt"]
+        # Saving on drops the whole snapshot put together, keeps the parts.
+        assert second.save(4) == []
+        assert not found[1].path.exists()
+    finally:
+        second.close()
+
+
+def test_a_node_without_room_skips_the_snapshot_on_every_rank_at_once(
+    tmp_path: Path, store_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0 (rank 0, which announces the outcome) cannot fit its part:
+    both ranks skip that snapshot with a warning, within seconds (before,
+    rank 1 waited the whole timeout for an outcome rank 0 never set), and
+    the next snapshot, of the same step's successor, commits."""
+    nodes = TwoNodes(tmp_path, store_server.port, monkeypatch)
+    try:
+        assert nodes.save(1) == []
+        # 1000 bytes left on node 0: its part of step 2 (4100 bytes) does not fit.
+        filler = nodes.tiers[0] / "filler"
+        held = sum(p.stat().st_size for p in nodes.tiers[0].rglob("*") if p.is_file())
+        filler.write_bytes(b"f" * (64 * MiB - held - 1000))
+        began = time.monotonic()
+        said = nodes.save(2)
+        assert time.monotonic() - began < 30
+        assert len(said) == 2 and all("memory tier full" in w for w in said), said
+        for tier in nodes.tiers:
+            assert {p["step"] for p in committed_parts(held_in(tier))} == {1}
+        filler.unlink()
+        assert nodes.save(3) == []
+    finally:
+        nodes.close()
+
+
+def test_a_step_saved_again_replaces_a_part_of_another_save(
+    tmp_path: Path, store_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part of step 2 left from a save that was not whole (another node
+    failed after this one committed) does not stop step 2 being saved
+    again after the job resumed from step 1."""
+    nodes = TwoNodes(tmp_path, store_server.port, monkeypatch)
+    try:
+        assert nodes.save(1) == []
+        own = held_in(nodes.tiers[0]) / "part_0"
+        left = make_part(tmp_path / "left", 0, 2, 2, "an-earlier-save", {"model.pt": b"old"})
+        shutil.copytree(left, own / "step_00000002")
+        assert nodes.save(2) == []
+        assert (own / "step_00000002" / "model.pt").read_bytes() == (2).to_bytes(4, "little") * 1000
+    finally:
+        nodes.close()
