@@ -279,7 +279,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_nodes(tmp_path: Path, nodes: str, count: int, *args: str, kill=None) -> tuple[Path, str]:
+def run_nodes(
+    tmp_path: Path, nodes: str, count: int, *args: str, kill=None
+) -> tuple[Path, str, list[int]]:
     """``count`` launchers of memory_train.py, one rank each, on this
     machine (``--nnodes nodes``), each with its own memory tier under
     tmp_path/shm; ``kill(launchers, out)`` is called once they train."""
@@ -330,7 +332,7 @@ def run_nodes(tmp_path: Path, nodes: str, count: int, *args: str, kill=None) -> 
                 p.wait()
     output = "\n--- next node ---\n".join(outputs)
     (out / "launchers.log").write_text(output)
-    return out, output
+    return out, output, [p.returncode for p in launchers]
 
 
 def _listening(port: int) -> bool:
@@ -366,7 +368,8 @@ def test_over_two_nodes_a_killed_rank_resumes_from_memory(tmp_path: Path, clean_
                     return
         raise AssertionError("no rank 1")
 
-    out, output = run_nodes(tmp_path, "2", 2, *JOB, kill=kill_rank_1)
+    out, output, codes = run_nodes(tmp_path, "2", 2, *JOB, kill=kill_rank_1)
+    assert codes == [0, 0], output
     assert "restarting" in output, output
     for rank in (0, 1):
         resumed = json.loads((out / f"resumed.1.{rank}").read_text())
@@ -386,7 +389,8 @@ def test_a_lost_node_resumes_from_its_replica_on_the_next_node(tmp_path: Path) -
     def lose_a_node(launchers: list[subprocess.Popen], out: Path) -> None:
         launchers[-1].kill()
 
-    out, output = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_a_node)
+    out, output, codes = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_a_node)
+    assert codes == [0, 0, -signal.SIGKILL], output
     resumed = [
         json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
     ]
