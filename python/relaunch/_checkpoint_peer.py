@@ -54,6 +54,7 @@ from relaunch._checkpoint_files import (
     verify_checkpoint,
     write_atomic,
 )
+from relaunch._checkpoint_tier import Tier, tree_size
 from relaunch.errors import CheckpointError
 
 # The header that carries the tier's secret (from the store) with each request.
@@ -158,17 +159,6 @@ def remove_temporaries(root: Path) -> None:
     for entry in entries:
         if ".tmp-" in entry.name or ".old-" in entry.name:
             remove(Path(entry.path))
-
-
-def _tree_size(root: Path) -> int:
-    total = 0
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
 
 
 def local_address() -> str:
@@ -333,7 +323,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         replica = part_root(tier.node_tier, int(match.group(1))) / (match.group(2) + match.group(3))
         target = replica / match.group(4)
         if tier.budget is not None:
-            used = _tree_size(tier.launcher_dir)
+            used = tree_size(tier.launcher_dir)
             if used + size > tier.budget:
                 # The replica cannot be whole: what of it arrived goes, and
                 # the body is read (not answered over) so that the sender
@@ -672,8 +662,6 @@ class Parts:
     def __init__(
         self, whole: Any, node: int, nodes: int, local_rank: int, local_world: int
     ) -> None:
-        from relaunch._checkpoint_tier import Tier
-
         self.whole = whole
         self.node_tier: Path = whole.root
         self.node, self.nodes = node, nodes
@@ -726,7 +714,7 @@ class Parts:
         budget = self.whole.budget
         if budget is None:
             return
-        used = _tree_size(self.whole.node_root)
+        used = tree_size(self.whole.node_root)
         if used + size > budget:
             raise CheckpointError(
                 f"the node's memory tier has no room to put the snapshot together: it holds "

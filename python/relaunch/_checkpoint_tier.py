@@ -224,7 +224,7 @@ class Tier:
                 "to at least twice the snapshot, or take memory snapshots of less state"
             )
         node_tier = self.node_root
-        used = _tree_size(node_tier, skip=tmp)
+        used = tree_size(node_tier, skip=tmp)
         if used + size > self.budget:
             raise CheckpointError(
                 f"{TIER_FULL}: the snapshot of step {step} ({_mib(size)}) is not kept: the "
@@ -321,7 +321,8 @@ def memory_tier(disk: Path, memory_every: int | None, rank: int) -> Tier | None:
     return Tier("memory", root, keep_last=1, budget=budget, durable=False)
 
 
-def _tree_size(root: Path, skip: Path) -> int:
+def tree_size(root: Path, skip: Path | None = None) -> int:
+    """Bytes in the files below ``root``, but for those below ``skip``."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         if Path(dirpath) == skip:
