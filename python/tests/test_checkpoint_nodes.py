@@ -317,11 +317,10 @@ def run_nodes(
         if kill is not None:
             wait_for(
                 lambda: (
-                    all(len(steps_of(out, r)) >= 30 for r in range(count))
-                    or any(p.poll() is not None for p in launchers)
+                    together(out, count) is not None or any(p.poll() is not None for p in launchers)
                 ),
                 180,
-                "every rank to reach step 30",
+                f"all {count} ranks past step 30 in one attempt",
             )
             kill(launchers, out)
         outputs = [p.communicate(timeout=300)[0] for p in launchers]
@@ -333,6 +332,37 @@ def run_nodes(
     output = "\n--- next node ---\n".join(outputs)
     (out / "launchers.log").write_text(output)
     return out, output, [p.returncode for p in launchers]
+
+
+def together(out: Path, count: int) -> int | None:
+    """The attempt in which all ``count`` ranks did 10 steps or more and
+    reached step 30 (on a loaded machine an elastic job may start without
+    its last node and admit it in a later attempt), or None."""
+    done: dict[int, dict[int, list[int]]] = {}
+    for rank in range(count):
+        for attempt, step in steps_of(out, rank):
+            done.setdefault(attempt, {}).setdefault(rank, []).append(step)
+    for attempt, ranks in sorted(done.items(), reverse=True):
+        if len(ranks) == count and all(len(s) >= 10 and s[-1] >= 30 for s in ranks.values()):
+            return attempt
+    return None
+
+
+def after_losing_one(out: Path, attempt: int) -> tuple[list[int], int, int]:
+    """After a node of three was lost in ``attempt``: the ranks that went
+    on, the last step done in ``attempt`` and the first one done after."""
+    steps = {r: steps_of(out, r) for r in range(3)}
+    survivors = [r for r in range(3) if any(a > attempt for a, _ in steps[r])]
+    last_before = max(s for r in range(3) for a, s in steps[r] if a == attempt)
+    first_after = min((s for r in survivors for a, s in steps[r] if a > attempt), default=-1)
+    return survivors, last_before, first_after
+
+
+def resumed_after(out: Path, attempt: int) -> list[dict]:
+    """Where the ranks of the first attempt after ``attempt`` resumed from."""
+    later = [int(p.name.split(".")[1]) for p in out.glob("resumed.*.*")]
+    first = min((a for a in later if a > attempt), default=None)
+    return [json.loads(p.read_text()) for p in out.glob(f"resumed.{first}.*")]
 
 
 def _listening(port: int) -> bool:
@@ -386,22 +416,24 @@ def test_a_lost_node_resumes_from_its_replica_on_the_next_node(tmp_path: Path) -
     node is gone). The two left resume from memory: the lost node's part
     of the snapshot from its replica on the next node."""
 
+    lost_in = []
+
     def lose_a_node(launchers: list[subprocess.Popen], out: Path) -> None:
+        lost_in.append(together(out, 3))
         launchers[-1].kill()
 
     out, output, codes = run_nodes(tmp_path, "2:3", 3, *JOB, kill=lose_a_node)
     assert codes == [0, 0, -signal.SIGKILL], output
-    resumed = [
-        json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
-    ]
+    resumed = resumed_after(out, lost_in[0])
     assert len(resumed) == 2 and all(r["tier"] == "memory" for r in resumed), output
     assert "resuming from the memory snapshot of step" in output
-    # Every step the lost world had done is either in the snapshot or re-run once at most.
-    survivors = [r for r in range(3) if any(a > 0 for a, _ in steps_of(out, r))]
-    assert len(survivors) == 2
-    last_before = max(s for r in range(3) for a, s in steps_of(out, r) if a == 0)
-    first_after = min(s for r in survivors for a, s in steps_of(out, r) if a > 0)
-    assert last_before - first_after + 1 <= 1, (last_before, first_after)
+    # Every step the lost world had done is in the snapshot or re-run: the
+    # lost node's newest part may not have reached its replica (the copy
+    # runs behind the step), so a step more than memory_every=1 may be re-run
+    # (bench/preempt --only nodes measures it: 1 in every run).
+    survivors, last_before, first_after = after_losing_one(out, lost_in[0])
+    assert len(survivors) == 2, output
+    assert 0 <= last_before - first_after + 1 <= 2, (last_before, first_after)
     assert all(steps_of(out, r)[-1][1] == 69 for r in survivors)
 
 
@@ -424,11 +456,8 @@ def test_a_host_cut_off_resumes_from_its_replica(hosts, tmp_path: Path) -> None:
         for h in hosts
     ]  # fmt: skip
     try:
-        wait_for(
-            lambda: all(len(steps_of(out, r)) >= 30 for r in range(3)),
-            180,
-            "three hosts past step 30",
-        )
+        wait_for(lambda: together(out, 3) is not None, 180, "three hosts past step 30")
+        cut_in = together(out, 3)
         hosts[2].cut()
         codes = [la.wait(timeout=240) for la in launchers[:2]]
         said = "\n".join(f"--- {la.host.name}:\n{la.stderr}" for la in launchers)
@@ -437,14 +466,11 @@ def test_a_host_cut_off_resumes_from_its_replica(hosts, tmp_path: Path) -> None:
         launchers[2].proc.kill()
         launchers[2].proc.wait()
     said = "\n".join(la.stderr + la.out.read_text() for la in launchers[:2])
-    survivors = [r for r in range(3) if any(a > 0 for a, _ in steps_of(out, r))]
+    survivors, last_before, first_after = after_losing_one(out, cut_in)
     assert len(survivors) == 2, said
-    last_before = max(s for r in range(3) for a, s in steps_of(out, r) if a == 0)
-    resumed = [
-        json.loads(p.read_text()) for p in out.glob("resumed.*.*") if p.name.split(".")[1] != "0"
-    ]
-    assert resumed and all(r["tier"] == "memory" for r in resumed), said
-    assert all(r["step"] >= last_before - 1 for r in resumed), (resumed, last_before)
+    resumed = resumed_after(out, cut_in)
+    assert len(resumed) == 2 and all(r["tier"] == "memory" for r in resumed), said
+    assert 0 <= last_before - first_after + 1 <= 2, (last_before, first_after)  # as above
     assert "resuming from the memory snapshot of step" in said
 
 
