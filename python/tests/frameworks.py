@@ -28,10 +28,20 @@ class Job:
     out: Path  # the launcher's stdout
     err: Path  # its stderr
 
-    def finish(self, timeout: float = 300) -> tuple[int, str]:
-        """Waits for the launcher; its exit code and everything it printed."""
+    def finish(self, timeout: float = 200) -> tuple[int, str]:
+        """Waits for the launcher; its exit code and everything it printed.
+        A job still running after ``timeout`` (below pytest's own 300 s) is
+        killed after its processes' Python stacks are taken, and the test
+        fails with them: a hang says where it hung."""
+        stacks = ""
         try:
             self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stacks = python_stacks([self.proc.pid, *descendants(self.proc.pid)])
+            raise AssertionError(
+                f"the job still ran after {timeout:g} s; its stacks:\n{stacks}\n"
+                f"its output:\n{self.out.read_text()}{self.err.read_text()}"
+            ) from None
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -42,6 +52,25 @@ class Job:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def python_stacks(pids: list[int]) -> str:
+    """``py-spy dump`` of each process (the launcher itself is not Python:
+    py-spy says so), with native frames, for a failure message."""
+    py_spy = Path(sys.executable).with_name("py-spy")
+    out = []
+    for pid in pids:
+        try:
+            dump = subprocess.run(
+                [str(py_spy), "dump", "--native", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out.append(f"--- pid {pid}:\n{dump.stdout}{dump.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"--- pid {pid}: no stack ({e})")
+    return "\n".join(out)
 
 
 def launch(tmp_path: Path, name: str, *args: object, env: dict[str, str] | None = None) -> Job:
@@ -135,7 +164,7 @@ STOPS = [("launcher", 0), ("every-process", 2), ("rank 1, at the end of an epoch
 
 def reference_run(tmp: Path, worker: Path) -> Path:
     """The uninterrupted job: its output folder (traces, final parameters)."""
-    code, log = launch(tmp, "reference", "--nproc-per-node", "2", worker, tmp / "out").finish()
+    code, log = launch(tmp, "reference", "--nproc-per-node", "2", worker, tmp / "out").finish(280)
     assert code == 0, log
     return tmp / "out"
 
