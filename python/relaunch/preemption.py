@@ -33,8 +33,9 @@ Outside ``relaunch run`` (no store), :func:`reached` returns True at the
 first step after a signal.
 
 A SIGTERM that follows a failure is not a stop request: when a worker of
-the attempt fails, the launcher sets ``relaunch/RUN/workers/failed/ATTEMPT`` and
-then sends SIGTERM to the others. The handler sees that key and ends the
+the attempt fails, or another node failed or was lost, the launcher sets
+``relaunch/RUN/workers/failed/ATTEMPT`` and then sends SIGTERM to its
+workers. The handler sees that key and ends the
 rank by the signal at once, as it would have ended without this module,
 so the restart waits on no one (no checkpoint can be agreed with a dead
 rank anyway; what was logged is in the local spool).
@@ -149,8 +150,8 @@ def _handler(signum: int, frame: object) -> None:
 def _attempt_failed() -> str | None:
     """What the launcher's ``workers/failed`` key says, if it is set.
 
-    The launcher sets it when a worker of the attempt fails, before it sends
-    SIGTERM to the others: that SIGTERM is not a stop request to agree on
+    The launcher sets it when a worker of the attempt fails, or another node
+    failed or was lost, before it sends SIGTERM to its workers: that SIGTERM is not a stop request to agree on
     (no checkpoint can be agreed with a dead rank) but the end of the
     attempt. Bounded: a store that does not answer within 2 s counts as not
     set, and the signal is a stop request as before.

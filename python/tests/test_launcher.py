@@ -756,6 +756,85 @@ def test_a_hung_node_is_left_out_after_its_heartbeats_stop(launcher, tmp_path):
     assert [(r["attempt"], r["step"]) for r in reports] == [(1, 119), (1, 119)]
 
 
+VOTING = """
+import os, sys, time
+import torch
+import relaunch
+from relaunch import preemption
+
+out = sys.argv[1]
+rank, attempt = int(os.environ["RANK"]), int(os.environ["RELAUNCH_ATTEMPT"])
+# A timeout far past the launcher's grace period: a rank left waiting for a
+# lost node's vote would wait it out.
+ckpt = relaunch.Checkpointer(os.path.join(out, "ckpt"), save_every=1, timeout=600)
+latest = ckpt.latest()
+start = 0 if latest is None else latest.step + 1
+for step in range(start, start + 100000):
+    with ckpt.save(step) as path:
+        if path is not None:
+            torch.save({"step": step}, path / f"rank{rank}.pt")
+    with open(os.path.join(out, f"step.{rank}"), "w") as f:
+        f.write(f"{attempt} {step}")
+    if attempt > 0 and step >= start + 3:
+        break
+    if preemption.reached(step):
+        sys.exit(0)
+    time.sleep(0.05)
+"""
+
+
+def test_a_lost_nodes_peers_end_at_once_instead_of_waiting_out_their_grace(launcher, tmp_path):
+    """Two elastic nodes, each rank saving a checkpoint every step; node 1
+    freezes (SIGSTOP: its sockets stay open). Node 0's rank is left waiting
+    for node 1's vote. Once node 1's heartbeats stop, node 0's launcher says
+    in the store that the attempt failed, then sends SIGTERM: the rank gives
+    up its vote and ends at once, and the restart goes on without node 1.
+    Before, nothing told the rank why the SIGTERM came: it took it for a stop
+    request, went on waiting for the vote, and was SIGKILLed only at the end
+    of the 60 s grace period."""
+    worker = tmp_path / "voting.py"
+    worker.write_text(VOTING)
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+
+    def node(*extra: object) -> subprocess.Popen:
+        return launcher(
+            "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lost-voter",
+            "--rdzv-conf", "last_call_timeout=5,keep_alive_timeout=3",
+            "--monitor-interval", "0.2", "--shutdown-timeout", "60", "--max-restarts", "1",
+            *extra, worker, out,
+        )  # fmt: skip
+
+    def step(rank: int) -> tuple[int, int]:
+        text = (out / f"step.{rank}").read_text() if (out / f"step.{rank}").exists() else ""
+        return tuple(map(int, text.split())) if text else (-1, -1)  # type: ignore[return-value]
+
+    host = node()
+    wait_for(lambda: listening(port), 60, "the first node to host the store")
+    other = node("--log-dir", tmp_path / "logs")
+    in_first_round(tmp_path / "logs")
+    wait_for(lambda: min(step(0)[1], step(1)[1]) >= 3, 120, "both nodes to save checkpoints")
+    frozen = [other.pid, *children(other.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        code, _, err = finish(host, timeout=120)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+        other.wait()
+    assert code == 0, err
+    assert "node 1 sent no heartbeat for 3s" in err
+    assert "sending SIGKILL" not in err, err
+    # Ended by the SIGTERM that followed the failure, or by its vote giving
+    # up on seeing it: either way, not by the launcher's SIGKILL.
+    assert "ending this rank now for the restart" in err or "stopped waiting for" in err, err
+    assert "attempt 1: node 0 of 1" in err
+    assert step(0)[0] == 1, step(0)
+
+
 SLOW_TO_EXIT = """
 import os, sys, time
 from datetime import timedelta

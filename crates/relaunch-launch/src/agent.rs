@@ -551,6 +551,16 @@ async fn supervise(
                 }
             },
             event = &mut remote, if asked.is_none() => {
+                if event.failure {
+                    // A node that failed sets the key itself; a lost one
+                    // cannot. Set before SIGTERM, so that ranks blocked in
+                    // relaunch's agreement with the lost node's ranks give
+                    // up, and their SIGTERM ends them at once instead of
+                    // asking for a stop that rank can never agree on.
+                    store
+                        .announce(&keys::failed(&config.run_id, here.attempt_id), &event.what, "the other node's failure")
+                        .await;
+                }
                 group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
                 return AttemptEnd::Failed { failures: Vec::new(), remote: Some(event), hang: None };
             }
