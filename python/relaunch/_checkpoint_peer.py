@@ -29,6 +29,7 @@ import contextlib
 import hmac
 import http.client
 import http.server
+import io
 import json
 import os
 import queue
@@ -188,14 +189,23 @@ class TierServer:
       manifest and files verify, replacing one of the same step, keeping the
       part's two newest steps.
 
-    Each request carries the secret in :data:`HEADER` (403 without)."""
+    Each request carries the secret in :data:`HEADER` (403 without), and
+    its line and headers arrive within ``header_timeout`` seconds, however
+    they trickle in (else the connection is closed)."""
 
-    def __init__(self, node_tier: Path, host: str, budget: int | None, launcher_dir: Path) -> None:
+    def __init__(
+        self,
+        node_tier: Path,
+        host: str,
+        budget: int | None,
+        launcher_dir: Path,
+        header_timeout: float = PEER_TIMEOUT,
+    ) -> None:
         self.node_tier = node_tier
         self.budget = budget
         self.launcher_dir = launcher_dir
         self.secret = secrets.token_hex(16)
-        handler = type("Handler", (_Handler,), {"tier": self})
+        handler = type("Handler", (_Handler,), {"tier": self, "header_timeout": header_timeout})
         self._httpd = _PooledServer((host, 0), handler)
         self.address = _join(host, self._httpd.server_address[1])
         self._thread = threading.Thread(
@@ -255,10 +265,50 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class _Deadline(io.RawIOBase):
+    """A socket's reads, each within the idle timeout and, while a deadline
+    is set, before it: the idle timeout alone starts again at every byte, so
+    a peer that trickles its headers would hold a thread for ever."""
+
+    def __init__(self, sock: socket.socket, idle: float) -> None:
+        self._sock, self._idle = sock, idle
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self._idle
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise TimeoutError("the request's line and headers took too long")
+        self._sock.settimeout(timeout)
+        return self._sock.recv_into(buffer)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     tier: TierServer
     protocol_version = "HTTP/1.1"
     timeout = PEER_TIMEOUT
+    header_timeout = PEER_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _Deadline(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        # From the first byte of the request line (or of the wait for it on
+        # a kept-alive connection) to the end of the headers.
+        self._reader.deadline = time.monotonic() + self.header_timeout
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers
+        self._reader.deadline = None  # the body: the idle timeout only
+        self.connection.settimeout(self.timeout)
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the job's stderr is for the job

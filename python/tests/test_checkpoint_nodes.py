@@ -41,6 +41,7 @@ from relaunch._checkpoint_peer import (
     HEADER,
     Replicator,
     TierServer,
+    _PooledServer,
     committed_parts,
     fetch_part,
     newest_whole,
@@ -159,6 +160,47 @@ def test_hostile_requests_are_refused_and_leave_nothing(server: TierServer) -> N
     assert committed_parts(server.node_tier) == []
     with pytest.raises(CheckpointError, match="HTTP 404"):
         fetch_part(server.address, server.secret, 0, 1, server.node_tier / "elsewhere")
+
+
+def test_peers_that_trickle_their_headers_are_cut_off(tmp_path: Path) -> None:
+    """As many peers as the server has threads send a request's headers a
+    byte every 0.2 s: each is closed once its headers are 2 s late, and a
+    real request is answered. Before, every byte restarted the 20 s idle
+    timeout: the trickling peers held every thread for as long as they
+    went on, and nothing else was served."""
+    node_tier = tmp_path / "launcher" / "ckpt"
+    node_tier.mkdir(parents=True)
+    served = TierServer(node_tier, "127.0.0.1", 4 * MiB, tmp_path / "launcher", header_timeout=2)
+    host, port = served.address.rsplit(":", 1)
+    tricklers = [socket.create_connection((host, int(port))) for _ in range(_PooledServer.WORKERS)]
+    stop = threading.Event()
+
+    def trickle() -> None:
+        head = f"GET /part_0/step_00000001/x HTTP/1.1\r\nX-Padding: {'a' * 1000}".encode()
+        for i in range(len(head)):
+            for s in tricklers:
+                with contextlib.suppress(OSError):
+                    s.send(head[i : i + 1])
+            if stop.wait(0.2):
+                return
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        assert ask(served, "GET", "/part_0/step_00000001/nothing", timeout=15)[0] == 404
+        for s in tricklers:
+            s.settimeout(15)
+            try:
+                closed = s.recv(65536) == b""
+            except ConnectionResetError:
+                closed = True
+            assert closed
+    finally:
+        stop.set()
+        sender.join()
+        for s in tricklers:
+            s.close()
+        served.close()
 
 
 class CuttingProxy:
