@@ -658,12 +658,24 @@ NODES = 3
 NODE_MODES = ("disk only", "memory_every=1, replica on the next node")
 
 
+def wait_listening(port: int, proc: subprocess.Popen, mode: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        check(proc.poll() is None, f"{mode}: the first launcher exited before hosting the store")
+        check(time.monotonic() < deadline, f"{mode}: the first launcher hosts no store in 60 s")
+        time.sleep(0.05)
+
+
 def node_lost_once(dir: Path, mode: str, kill_after: int) -> dict[str, Any]:
     """Three nodes (one launcher each on this machine, `--nnodes 2:3`, one
     rank each); the last launcher started (not the first, whose store the
-    job uses) is SIGKILLed with its worker and its memory tier after step
-    `kill_after`: the two left go on in a world of two, from disk or from
-    memory (the lost node's part from its replica on the next node)."""
+    job uses: the others start once it listens) is SIGKILLed with its
+    worker and its memory tier after step `kill_after`: the two left go on
+    in a world of two, from disk or from memory (the lost node's part from
+    its replica on the next node)."""
     timing = dir / "timing"
     dir.mkdir(parents=True)
     (dir / "shm").mkdir()
@@ -692,6 +704,10 @@ def node_lost_once(dir: Path, mode: str, kill_after: int) -> dict[str, Any]:
                     command, stdout=logs[i], stderr=subprocess.STDOUT, env=env, cwd=dir
                 )
             )
+            if i == 0:
+                # The first launcher hosts the store; the victim must not
+                # (launchers started together race for the port).
+                wait_listening(port, procs[0], mode)
         deadline = time.monotonic() + 300
         while not all(
             any(s >= kill_after for (_, at, s, _) in steps_done(timing, r) if at == 0)

@@ -5,12 +5,14 @@
 
 One process on CPU: an MLP of three `--width` x `--width` layers (12.6 M
 float32 parameters at 2048: 50 MB) trained with SGD and momentum (another
-50 MB), a synthetic batch of 256. The same loop runs three ways, each
-`--steps` steps after 5 warm-up steps: no checkpoint; ``Checkpointer(
-save_every=10**9, memory_every=1)`` with ``save_async`` (the state copied
-to CPU memory on the caller, written and committed in the background);
-and the same with the with-block (``torch.save`` into the memory tier on
-the caller), in `--rounds` interleaved rounds. Reported: median step time
+50 MB), a synthetic batch of 256. The same loop runs four ways, each
+`--steps` steps after 5 warm-up steps: no checkpoint; the floor of any
+in-memory snapshot, every tensor ``copy_``'d into CPU memory allocated
+once (no file, no agreement, no commit); ``Checkpointer(save_every=10**9,
+memory_every=1)`` with ``save_async`` (the state copied into the memory
+tier on the caller, committed in the background); and the same with the
+with-block (``torch.save`` into the memory tier on the caller), in
+`--rounds` interleaved rounds. Reported: median step time
 of each, the overhead over no checkpoint, the median time a step spends in
 the checkpointer's call (the rest of the overhead is the background commit
 competing for the cores), and where the time of one snapshot would go
@@ -47,8 +49,13 @@ def loop(width: int, steps: int, mode: str, ckpt_dir: Path) -> tuple[list[float]
     model, opt = model_and_opt(width)
     x, y = torch.randn(256, width), torch.randn(256, width)
     ckpt = None
-    if mode != "none":
+    if mode in ("save_async", "with_block"):
         ckpt = relaunch.Checkpointer(ckpt_dir, save_every=10**9, memory_every=1)
+    bare: list[torch.Tensor] | None = None
+    if mode == "bare_copy":
+        # The floor: every tensor copied into CPU memory allocated once, no
+        # file, no agreement, no commit.
+        bare = []
     times, calls = [], []
     for step in range(1, steps + 6):
         began = time.perf_counter()
@@ -57,6 +64,12 @@ def loop(width: int, steps: int, mode: str, ckpt_dir: Path) -> tuple[list[float]
         loss.backward()
         opt.step()
         called = time.perf_counter()
+        if bare is not None:
+            tensors = _tensors({"model": model.state_dict(), "opt": opt.state_dict()})
+            if not bare:
+                bare.extend(torch.empty_like(t) for t in tensors)
+            for dst, src in zip(bare, tensors, strict=True):
+                dst.copy_(src)
         if ckpt is not None:
             state = {"model": model.state_dict(), "opt": opt.state_dict()}
             if mode == "save_async":
@@ -77,6 +90,23 @@ def loop(width: int, steps: int, mode: str, ckpt_dir: Path) -> tuple[list[float]
         assert ckpt._memory is not None
         shutil.rmtree(ckpt._memory.root)
     return times, calls
+
+
+def _tensors(state: dict) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+
+    def walk(obj: object) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                walk(v)
+
+    walk(state)
+    return out
 
 
 def parts(width: int, tier: Path) -> dict[str, float]:
@@ -125,7 +155,7 @@ def main() -> None:
         in_call: dict[str, list[float]] = {}
         # Interleaved rounds: a drift of the machine hits every mode alike.
         for round in range(a.rounds):
-            for mode in ("none", "save_async", "with_block"):
+            for mode in ("none", "bare_copy", "save_async", "with_block"):
                 times, calls = loop(a.width, a.steps, mode, work / f"{mode}-{round}")
                 samples.setdefault(mode, []).extend(times)
                 in_call.setdefault(mode, []).extend(calls)
@@ -136,7 +166,7 @@ def main() -> None:
         for mode in samples:
             result[mode] = statistics.median(samples[mode])
             result[f"{mode}_in_call"] = statistics.median(in_call[mode])
-        for mode in ("save_async", "with_block"):
+        for mode in ("bare_copy", "save_async", "with_block"):
             result[f"{mode}_overhead"] = result[mode] / result["none"] - 1
         result["parts"] = parts(a.width, node_tier)
         print(json.dumps(result, indent=1), flush=True)
