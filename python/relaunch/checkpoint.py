@@ -103,22 +103,15 @@ from relaunch._checkpoint_files import (
     read_manifest,
     remove,
     safe_name,
-    verify_checkpoint,
     walk,
     write_atomic,
 )
-from relaunch._checkpoint_peer import (
-    Parts,
-    assemble_into,
-    committed_parts,
-    newest_whole,
-    node_layout,
-    part_roots,
-)
+from relaunch._checkpoint_peer import Parts, node_layout, part_roots
 from relaunch._checkpoint_ship import Shipper, exit_timeout
 from relaunch._checkpoint_snapshot import Writer as SnapshotWriter
 from relaunch._checkpoint_stage import Stager
 from relaunch._checkpoint_tier import TIER_FULL, Checkpoint, Tier, memory_tier
+from relaunch._checkpoint_whole import tier_key, whole_snapshot
 from relaunch.errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
@@ -128,11 +121,6 @@ STRATEGIES = ("sync_any", "sync_all", "async")
 # Temporary directories this process is writing, which no Checkpointer of
 # this process cleans up as stale.
 _IN_PROGRESS: set[str] = set()
-
-# How many times this process agreed on a memory snapshot over several
-# nodes, per key prefix (a directory in an attempt) and rank: each time has
-# keys of its own.
-_LATEST_ROUNDS: dict[tuple[str, int], int] = {}
 
 
 # --- the checkpointer ------------------------------------------------------------
@@ -328,7 +316,7 @@ class Checkpointer:
                     Tier("memory", root, None).clean_stale(_IN_PROGRESS, None)
                 self._parts.whole.clean_stale(_IN_PROGRESS, None)
                 store = self._coordinator_().store
-                key = self._tier_key(self._parts.node)
+                key = tier_key(self._key_prefix, self._parts.node)
                 self._parts.start_serving(lambda text: store.set(key, text))
         elif self._memory is not None and self.world_size > 1:
             local_world = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
@@ -438,7 +426,11 @@ class Checkpointer:
         found = []
         for tier in self._tiers:  # a loop, not a comprehension: one frame less
             if self._parts is not None and tier is self._memory:
-                checkpoint = self._whole_snapshot(found[0].step if found else None, stacklevel)
+                disk_step = found[0].step if found else None
+                checkpoint = whole_snapshot(
+                    self._parts, self._coordinator_(), self._session, disk_step, _IN_PROGRESS,
+                    stacklevel,
+                )  # fmt: skip
             else:
                 checkpoint = tier.newest(full, stacklevel)
             if checkpoint is not None:
@@ -447,108 +439,6 @@ class Checkpointer:
         # What the caller resumes from: later saves must be after it.
         self._floor, self._floor_known = (newest.step if newest else None), True
         return newest, found
-
-    def _tier_key(self, node: int) -> str:
-        return f"{self._key_prefix}tier/{node}"
-
-    def _whole_snapshot(self, disk_step: int | None, stacklevel: int) -> Checkpoint | None:
-        """Over several nodes (every rank calls it, in latest()): the newest
-        memory snapshot newer than ``disk_step`` whose parts, all of one
-        save, live nodes hold, put together on every node; None (said in a
-        warning) when there is none or a node could not put it together."""
-        parts = self._parts
-        assert parts is not None
-        coordinator = self._coordinator_()
-        store = coordinator.store
-        # Numbered per process, not per Checkpointer: a second Checkpointer
-        # of the same directory in this attempt never reads the first's keys.
-        number = _LATEST_ROUNDS.get((self._key_prefix, self.rank), 0)
-        _LATEST_ROUNDS[(self._key_prefix, self.rank)] = number + 1
-        prefix = f"{self._key_prefix}latest/{number}/"
-        held = committed_parts(parts.node_tier)
-        mine = {"node": parts.node, "held": held, "disk": disk_step}
-        store.set(f"{prefix}have/{self.rank}", json.dumps(mine))
-        keys = [f"{prefix}have/{r}" for r in range(self.world_size)]
-        self._wait_all(
-            coordinator,
-            keys,
-            "every rank to call latest() (over several nodes it "
-            "agrees on the memory snapshot: call it on every rank)",
-        )
-        haves = [json.loads(raw) for raw in store.multi_get(keys)]
-        choice = newest_whole([h for have in haves for h in have["held"]])
-        # Every rank decides on the same records, the disk's newest included.
-        disk = max((h["disk"] for h in haves if h["disk"] is not None), default=None)
-        if choice is None or (disk is not None and disk >= choice["step"]):
-            return None
-        nodes = sorted({have["node"] for have in haves})
-        step = choice["step"]
-        final = parts.whole.final(step)
-        if parts.leader:
-            outcome = "ok"
-            try:
-                self._put_together(choice, haves)
-                manifest, problem = verify_checkpoint(final, step, full=False)
-                if manifest is None or manifest.get("id") != choice["id"]:
-                    raise CheckpointError(f"{final} does not verify: {problem or 'another save'}")
-            except Exception as e:
-                outcome = f"node {parts.node}: {type(e).__name__}: {e}"
-            store.set(f"{prefix}whole/{parts.node}", outcome)
-        keys = [f"{prefix}whole/{node}" for node in nodes]
-        self._wait_all(coordinator, keys, "every node to put the memory snapshot together")
-        problems = [raw.decode() for raw in store.multi_get(keys) if raw != b"ok"]
-        if not problems:
-            manifest, problem = verify_checkpoint(final, step, full=False)
-            if manifest is None:
-                # The leader verified it a moment ago: not a state to resume from.
-                raise CheckpointError(f"the memory snapshot {final} changed: {problem}")
-            return Checkpoint(final, step, manifest, "memory")
-        if self.rank == 0:
-            warnings.warn(
-                f"relaunch.Checkpointer: the memory snapshot of step {step} could not be put "
-                f"together ({'; '.join(problems)}): resuming from disk",
-                stacklevel=stacklevel + 1,
-            )
-        return None
-
-    def _put_together(self, choice: dict[str, Any], haves: list[dict[str, Any]]) -> None:
-        """Node leader: snapshot ``choice`` as a whole in this node's tier."""
-        parts = self._parts
-        assert parts is not None
-        step = choice["step"]
-        existing = parts.whole.final(step)
-        manifest, _ = read_manifest(existing, step)
-        if manifest is not None and manifest.get("id") == choice["id"]:
-            return  # put together by an earlier attempt of this launcher
-        holders: dict[int, tuple[str, str]] = {}
-        store = self._coordinator_().store
-        for have in sorted(haves, key=lambda h: h["node"]):
-            for held in have["held"]:
-                if (held["step"], held["id"]) == (step, choice["id"]):
-                    if held["part"] not in holders and have["node"] != parts.node:
-                        peer = json.loads(store.get(self._tier_key(have["node"])))
-                        holders[held["part"]] = (peer["address"], peer["secret"])
-        tmp = parts.whole.temporary(step, f"{self._session}-{os.urandom(4).hex()}")
-        _IN_PROGRESS.add(str(tmp))
-        try:
-            tmp.mkdir()
-            assemble_into(tmp, choice, parts.node_tier, holders, parts.room_for_whole)
-            parts.whole.commit(tmp, step, self._session, replace=True)
-        except BaseException:
-            remove(tmp)
-            raise
-        finally:
-            _IN_PROGRESS.discard(str(tmp))
-
-    def _wait_all(self, coordinator: Coordinator, keys: list[str], what: str) -> None:
-        try:
-            coordinator.wait_keys(-1, keys, what)
-        except TimeoutError:
-            absent = [k.rsplit("/", 1)[1] for k in keys if not coordinator.store.check([k])]
-            raise CheckpointError(
-                f"timed out after {self.timeout:g} s waiting for {what}: "
-                f"{', '.join(absent)} did not answer"
-            ) from None
 
     def load(
         self,
@@ -861,7 +751,7 @@ class Checkpointer:
             checkpoint = Checkpoint(final, decision.step, manifest or {"files": {}}, "memory")
         if parts.leader and save.tier is not None:
             save.tier.prune(decision.step, self._session)
-            key = self._tier_key((parts.node + 1) % parts.nodes)
+            key = tier_key(self._key_prefix, (parts.node + 1) % parts.nodes)
             store = coordinator.store
             parts.committed(final, decision.step, lambda: _peer(store, key))
         return checkpoint
