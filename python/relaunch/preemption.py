@@ -151,10 +151,11 @@ def _attempt_failed() -> str | None:
     """What the launcher's ``workers/failed`` key says, if it is set.
 
     The launcher sets it when a worker of the attempt fails, or another node
-    failed or was lost, before it sends SIGTERM to its workers: that SIGTERM is not a stop request to agree on
-    (no checkpoint can be agreed with a dead rank) but the end of the
-    attempt. Bounded: a store that does not answer within 2 s counts as not
-    set, and the signal is a stop request as before.
+    failed or was lost, before it sends SIGTERM to its workers: that SIGTERM
+    is not a stop request to agree on (no checkpoint can be agreed with a
+    dead rank) but the end of the attempt. Bounded: a store that does not
+    answer within 2 s counts as not set, and the signal is a stop request as
+    before.
     """
     where, key = _store_address(), failed_key()
     if where is None or key is None:
