@@ -93,19 +93,17 @@ def loop(width: int, steps: int, mode: str, ckpt_dir: Path) -> tuple[list[float]
 
 
 def _tensors(state: dict) -> list[torch.Tensor]:
+    """Every tensor of ``state``, walked as the snapshot writer walks it."""
+    from relaunch._checkpoint_stage import rebuild
+
     out: list[torch.Tensor] = []
 
-    def walk(obj: object) -> None:
+    def leaf(obj: object) -> object:
         if isinstance(obj, torch.Tensor):
             out.append(obj)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, list | tuple):
-            for v in obj:
-                walk(v)
+        return obj
 
-    walk(state)
+    rebuild(state, leaf)
     return out
 
 
