@@ -278,13 +278,19 @@ class _Deadline(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        timeout = self._idle
         if self.deadline is not None:
-            timeout = min(timeout, self.deadline - time.monotonic())
-            if timeout <= 0:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError("the request's line and headers took too long")
-        self._sock.settimeout(timeout)
+            if left < self._idle:
+                self._sock.settimeout(left)
         return self._sock.recv_into(buffer)
+
+    def idle_timeout(self) -> None:
+        """The socket's timeout back to the idle one (for the body and the
+        answer), once the deadline is off."""
+        self.deadline = None
+        self._sock.settimeout(self._idle)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -294,7 +300,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     header_timeout = PEER_TIMEOUT
 
     def setup(self) -> None:
-        super().setup()
+        super().setup()  # the socket's timeout: self.timeout
+        self.rfile.close()
         self._reader = _Deadline(self.connection, self.timeout)
         self.rfile = io.BufferedReader(self._reader)
 
@@ -302,13 +309,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # From the first byte of the request line (or of the wait for it on
         # a kept-alive connection) to the end of the headers.
         self._reader.deadline = time.monotonic() + self.header_timeout
-        super().handle_one_request()
+        try:
+            super().handle_one_request()
+        finally:
+            self._reader.idle_timeout()
 
     def parse_request(self) -> bool:
-        parsed = super().parse_request()  # reads the headers
-        self._reader.deadline = None  # the body: the idle timeout only
-        self.connection.settimeout(self.timeout)
-        return parsed
+        try:
+            return super().parse_request()  # reads the headers
+        finally:
+            self._reader.idle_timeout()  # the body and the answer
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the job's stderr is for the job

@@ -38,7 +38,12 @@ the attempt fails, or another node failed or was lost, the launcher sets
 workers. The handler sees that key and ends the
 rank by the signal at once, as it would have ended without this module,
 so the restart waits on no one (no checkpoint can be agreed with a dead
-rank anyway; what was logged is in the local spool).
+rank anyway; what was logged is in the local spool). A node taken for lost
+(its heartbeats later than the rendezvous' ``keep_alive_timeout``) counts as
+failed even when it was only slow: every rank ends at once and what was not
+yet saved is lost, so size ``keep_alive_timeout`` above the pauses your
+nodes can have. While the job stops for a preemption, nothing counts as a
+failure: the ranks finish the stop step they agreed on.
 
 Children started through :mod:`multiprocessing` (DataLoader workers with any
 start method: fork, spawn, forkserver; ``persistent_workers``; pools) are

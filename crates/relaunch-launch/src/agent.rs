@@ -551,12 +551,19 @@ async fn supervise(
                 }
             },
             event = &mut remote, if asked.is_none() => {
-                if event.failure {
-                    // A node that failed sets the key itself; a lost one
-                    // cannot. Set before SIGTERM, so that ranks blocked in
-                    // relaunch's agreement with the lost node's ranks give
-                    // up, and their SIGTERM ends them at once instead of
-                    // asking for a stop that rank can never agree on.
+                // A node that failed sets the key itself; a lost one
+                // cannot. Set before SIGTERM, so that ranks blocked in
+                // relaunch's agreement with the lost node's ranks give up,
+                // and their SIGTERM ends them at once instead of asking for
+                // a stop that rank can never agree on (before: they waited
+                // out the grace period, then SIGKILL). Not while the job is
+                // stopping for a preemption: its ranks may still be writing
+                // the agreed stop step when a node that finished leaves.
+                // The price: a node taken for lost that is only slow
+                // (heartbeats late past keep_alive_timeout) loses what was
+                // not yet saved, where its ranks could have agreed on a
+                // stop step.
+                if event.failure && preempted_elsewhere(store, &config.run_id).await.is_none() {
                     store
                         .announce(&keys::failed(&config.run_id, here.attempt_id), &event.what, "the other node's failure")
                         .await;

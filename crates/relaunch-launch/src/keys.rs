@@ -65,10 +65,11 @@ pub fn stopped(run_id: &str, rank: usize) -> String {
 /// Set by a launcher as soon as one of its workers failed in attempt
 /// `attempt` (`RELAUNCH_ATTEMPT`), before it stops the others, or when it
 /// stops its workers because another node failed or was lost (a lost node
-/// cannot set it); its value says which rank and how, or which node. Ranks blocked in relaunch's own agreement
-/// (`relaunch.Checkpointer`) check it, so they give up on a dead peer within
-/// a second instead of waiting out their timeout, and `relaunch.preemption`
-/// ends a rank whose SIGTERM follows it. Named by the attempt because a
+/// cannot set it); its value says which rank and how, or which node. Ranks
+/// blocked in relaunch's own agreement (`relaunch.Checkpointer`) check it,
+/// so they give up on a dead peer within a second instead of waiting out
+/// their timeout, and `relaunch.preemption` ends a rank whose SIGTERM
+/// follows it. Named by the attempt because a
 /// launcher may write it late: a node cut off from the store, whose failure
 /// notice TCP delivers once the link is back, or one that has not yet heard
 /// that the others went on without it; either lands in a key that no rank
