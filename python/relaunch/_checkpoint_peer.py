@@ -282,8 +282,7 @@ class _Deadline(io.RawIOBase):
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the request's line and headers took too long")
-            if left < self._idle:
-                self._sock.settimeout(left)
+            self._sock.settimeout(min(left, self._idle))
         return self._sock.recv_into(buffer)
 
     def idle_timeout(self) -> None:
@@ -309,10 +308,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # From the first byte of the request line (or of the wait for it on
         # a kept-alive connection) to the end of the headers.
         self._reader.deadline = time.monotonic() + self.header_timeout
-        try:
-            super().handle_one_request()
-        finally:
-            self._reader.idle_timeout()
+        super().handle_one_request()
 
     def parse_request(self) -> bool:
         try:

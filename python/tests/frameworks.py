@@ -33,7 +33,6 @@ class Job:
         A job still running after ``timeout`` (below pytest's own 300 s) is
         killed after its processes' Python stacks are taken, and the test
         fails with them: a hang says where it hung."""
-        stacks = ""
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -510,6 +510,8 @@ async fn supervise(
     // The first handled signal: once one came, workers that exit are
     // stopping for it, not failing.
     let mut asked: Option<Signal> = None;
+    // Where this node says that the attempt failed (see keys::failed).
+    let failed_key = keys::failed(&config.run_id, here.attempt_id);
     let watch = HangWatch {
         timeout: config.hang_timeout,
         startup: config.startup_timeout,
@@ -532,14 +534,14 @@ async fn supervise(
                 (Some(exit), _) if exit.kind.success() => {}
                 (Some(exit), Some(signal)) => {
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker ended while stopping");
-                    worker_failed(store, &keys::failed(&config.run_id, here.attempt_id), group, exit).await;
+                    worker_failed(store, &failed_key, group, exit).await;
                     stop_after_signal(config, group, signals).await;
                     return AttemptEnd::Stopped { signal, failures: stop_failures(group) };
                 }
                 (Some(exit), None) => {
                     let running = running_ranks(group);
                     tracing::debug!(local_rank = exit.local_rank, how = %exit.kind.describe(), "worker failed; stopping the others");
-                    worker_failed(store, &keys::failed(&config.run_id, here.attempt_id), group, exit).await;
+                    worker_failed(store, &failed_key, group, exit).await;
                     group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
                     return AttemptEnd::Failed {
                         // Those still running got SIGTERM (then SIGKILL);
@@ -565,7 +567,7 @@ async fn supervise(
                 // stop step.
                 if event.failure && preempted_elsewhere(store, &config.run_id).await.is_none() {
                     store
-                        .announce(&keys::failed(&config.run_id, here.attempt_id), &event.what, "the other node's failure")
+                        .announce(&failed_key, &event.what, "the other node's failure")
                         .await;
                 }
                 group.stop(Signal::SIGTERM, config.shutdown_timeout).await;
