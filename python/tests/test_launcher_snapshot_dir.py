@@ -43,10 +43,10 @@ partial = os.path.join(out, f".seen.{attempt}.{rank}")
 with open(partial, "w") as f:
     json.dump(seen, f)
 os.rename(partial, os.path.join(out, f"seen.{attempt}.{rank}"))
-if mode == "crash-once" and attempt == "0" and rank == "1":
-    # Once rank 0 has looked too: the crash stops it.
-    deadline = time.monotonic() + 60
-    while not os.path.exists(os.path.join(out, "seen.0.0")) and time.monotonic() < deadline:
+if (mode == "crash-once" and attempt == "0" or mode == "fail") and rank == "1":
+    # Once rank 0 has looked too: the failure stops it.
+    deadline, theirs = time.monotonic() + 60, os.path.join(out, f"seen.{attempt}.0")
+    while not os.path.exists(theirs) and time.monotonic() < deadline:
         time.sleep(0.01)
     sys.exit(3)
 if mode == "fail":
