@@ -827,6 +827,17 @@ def test_ping_returns_the_signals_sent_to_the_job_once_each(tracking_server, log
     lg = loggers("alice/demo/sig", root=server.url)
     run = "alice.demo.sig"
     assert lg.ping("alive", 0.05) == []  # nothing was sent yet
+    # The job's run reaches the server in the background; a signal to a run the
+    # server does not know yet is refused (below), so wait as a user's sender would.
+    api = relaunch.Api(server.url)
+
+    def on_server() -> bool:
+        try:
+            return api.run(run) is not None
+        except LookupError:
+            return False
+
+    wait_for(on_server, timeout=30, what="the job's run on the server")
     other = loggers("alice/demo/boss", root=server.url)
     other.client.send_signal("alice/demo/sig", "stop")
     lg.client.send_signal("/alice/demo/sig", {"lr": 0.1})  # its own prefix, from the root
