@@ -57,7 +57,10 @@ signal: Terminated" instead of saving its step. The rank's own shutdown ends
 them (the DataLoader stops its workers), and the launcher kills whatever is
 left once the rank has exited. ``Process.terminate()`` on a shielded child
 sends SIGKILL, since the child would never act on a blocked SIGTERM.
-Children started with :mod:`subprocess` are not shielded.
+Children started with :mod:`subprocess` are not shielded. On a Python whose
+fork can deadlock the child (before 3.11.10, CPython gh-112275), a
+multiprocessing child stuck that way is killed and forked again
+(:mod:`relaunch._fork_guard`).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ import threading
 import time
 import warnings
 
-from relaunch import _native
+from relaunch import _fork_guard, _native
 from relaunch._checkpoint_agree import failed_key
 
 __all__ = ["install", "reached", "requested", "saved", "stop_step"]
@@ -213,7 +216,6 @@ def _shield_multiprocessing(signals: list[signal.Signals]) -> None:
     original_terminate = multiprocessing.popen_fork.Popen.terminate
 
     def start(self: multiprocessing.process.BaseProcess) -> None:
-        _settle_ending_feeders()
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         try:
             original_start(self)
@@ -235,38 +237,9 @@ def _shield_multiprocessing(signals: list[signal.Signals]) -> None:
     start._relaunch_shield = True  # type: ignore[attr-defined]
     base.start = start  # type: ignore[method-assign]
     multiprocessing.popen_fork.Popen.terminate = terminate  # type: ignore[method-assign]
+    _fork_guard.install()
     # Registered after multiprocessing's own exit handler, so it runs first.
     atexit.register(_shut_down_loaders)
-
-
-def _settle_ending_feeders(patience: float = 2.0) -> None:
-    """Waits (up to ``patience`` seconds each) for the multiprocessing queue
-    feeder threads that are ending, before this process forks.
-
-    Before Python 3.12 a fork while another thread deletes its thread
-    state can leave the child blocked forever on the interpreter's runtime
-    lock (CPython gh-112275, fixed in 3.11.10 and 3.12). A DataLoader's
-    iterator closes its queues without joining their feeder threads, so at
-    every epoch boundary they end while the next iterator forks its
-    workers: a worker that never starts, and a rank that waits for its
-    batch forever.
-    """
-    if sys.version_info >= (3, 11, 10):
-        return
-    from multiprocessing.queues import _sentinel  # type: ignore[attr-defined]
-
-    me = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is me or thread.name != "QueueFeederThread":
-            continue
-        args = getattr(thread, "_args", None)
-        try:
-            # Its target has returned, or its queue is closed.
-            ending = not args or _sentinel in args[0]
-        except RuntimeError:  # the deque changed while read: it is busy
-            ending = False
-        if ending:
-            thread.join(patience)
 
 
 def _shut_down_loaders() -> None:

@@ -19,6 +19,7 @@ import pytest
 from conftest import wait_for
 from test_launch_tracking import events, get
 
+from relaunch._fork_guard import affected
 from relaunch._subprocess import alive, children
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -246,41 +247,63 @@ def test_stop_signals_in_quick_succession_neither_deadlock_nor_crash_the_handler
         assert out.strip().endswith("requested True"), out
 
 
-@pytest.mark.skipif(
-    sys.version_info >= (3, 11, 10), reason="CPython gh-112275 is fixed in this Python"
+FORK_STUCK = WORKERS / "fork_stuck.py"
+GH_112275 = pytest.mark.skipif(
+    not affected(),
+    reason="CPython gh-112275 is fixed in this Python: its forks need no guard",
 )
-def test_a_fork_waits_for_the_queue_feeder_threads_that_are_ending():
-    """Before Python 3.11.10 a fork while another thread ends can leave the
-    child blocked forever (CPython gh-112275): a DataLoader's previous
-    iterator's feeder threads end while the next one forks its workers, and
-    one worker never starts. A start through relaunch.preemption's wrapper
-    first waits for feeder threads whose queue is closed. Here one is kept
-    from ending (its pipe is full) until a reader drains it."""
-    import multiprocessing
-    import threading
 
-    from relaunch import preemption
 
-    queue = multiprocessing.get_context("fork").Queue()
-    queue.put(b"x" * (4 << 20))  # more than a pipe holds: its feeder blocks
+def fork_stuck(*args: str) -> subprocess.CompletedProcess:
+    """Runs workers/fork_stuck.py in a session of its own: a child it left
+    stuck (without the guard) is killed with it."""
+    proc = subprocess.Popen(
+        [sys.executable, FORK_STUCK, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"fork_stuck.py {' '.join(args)} still ran after 120 s:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def feeder() -> threading.Thread | None:
-        return next((t for t in threading.enumerate() if t.name == "QueueFeederThread"), None)
 
-    wait_for(lambda: feeder() is not None, 30, "the queue's feeder thread")
-    ending = feeder()
-    queue.close()
+@GH_112275
+def test_a_forked_worker_stuck_before_it_runs_python_is_killed_and_forked_again():
+    """Before Python 3.11.10 a fork while a native thread (gloo's, dropping a
+    collective's tensors) creates a thread state leaves the child blocked on
+    the runtime lock forever (CPython gh-112275): a DataLoader worker that
+    never starts and a rank that waits for its batch forever. Here the first
+    two forks stick the same way (an earlier after-fork hook waits on a lock
+    nothing can release); the DataLoader still reads every sample."""
+    run = fork_stuck("2")
+    assert run.returncode == 0, run.stderr[-3000:]
+    every = " ".join(map(str, range(20)))
+    assert run.stdout.splitlines()[:2] == [f"samples {every}"] * 2, run.stdout
+    assert run.stdout.splitlines()[2].startswith("ok"), run.stdout
+    assert run.stderr.count("deadlocked before it started (CPython gh-112275") == 2, run.stderr
+    assert "killed it and forked again (2 of 5)" in run.stderr, run.stderr
 
-    def drain() -> None:
-        try:
-            queue._reader.recv_bytes()
-        except OSError:  # the ending feeder closes the reader as it goes
-            pass
 
-    reader = threading.Timer(0.5, drain)
-    reader.start()
-    # Without the wait, the feeder would still be blocked here: the reader
-    # starts half a second later.
-    preemption._settle_ending_feeders(patience=60)
-    assert not ending.is_alive()
-    reader.join(30)
+@GH_112275
+def test_a_start_whose_every_fork_sticks_fails_with_what_to_do():
+    run = fork_stuck("0", "always")
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert "refused: 5 processes forked in a row deadlocked" in run.stdout, run.stdout
+    assert "upgrade Python to 3.11.10" in run.stdout and "'spawn'" in run.stdout, run.stdout
+    assert "(5 of 5)" in run.stderr, run.stderr
+
+
+def test_the_pythons_whose_fork_can_deadlock_are_told_apart():
+    assert affected((3, 10, 14)) and affected((3, 11, 0)) and affected((3, 11, 9))
+    assert not affected((3, 10, 15)) and not affected((3, 11, 10))
+    assert not affected((3, 12, 0)) and not affected((3, 13, 1))
