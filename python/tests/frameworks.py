@@ -55,17 +55,21 @@ class Job:
 
 def python_stacks(pids: list[int]) -> str:
     """``py-spy dump`` of each process (the launcher itself is not Python:
-    py-spy says so), with native frames, for a failure message."""
+    py-spy says so), with native frames where py-spy can unwind them, for a
+    failure message."""
     py_spy = Path(sys.executable).with_name("py-spy")
     out = []
     for pid in pids:
         try:
-            dump = subprocess.run(
-                [str(py_spy), "dump", "--native", "--pid", str(pid)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            for native in (["--native"], []):  # native unwinding fails in some states
+                dump = subprocess.run(
+                    [str(py_spy), "dump", *native, "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                if dump.returncode == 0:
+                    break
             out.append(f"--- pid {pid}:\n{dump.stdout}{dump.stderr}")
         except (OSError, subprocess.TimeoutExpired) as e:
             out.append(f"--- pid {pid}: no stack ({e})")

@@ -5,6 +5,7 @@ step written), then run again with the same command to the end."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ def printed(text: str):
 )
 def test_an_example_is_stopped_and_resumed(tmp_path, example, framework, underway):
     pytest.importorskip(framework)
+    started = time.monotonic()
     out = tmp_path / "out"
     args = ["--nproc-per-node", "2", EXAMPLES / example, "--out", out]
     job = launch(tmp_path, "first", *args)
@@ -46,6 +48,8 @@ def test_an_example_is_stopped_and_resumed(tmp_path, example, framework, underwa
     assert code == 75, log
     assert "every rank on this node stopped at step" in log, log
     assert "each with its checkpoint" in log, log
-    code, log = launch(tmp_path, "second", *args).finish(timeout=600)
+    # Within pytest's 300 s, so that a hang fails with the job's stacks.
+    left = 280 - (time.monotonic() - started)
+    code, log = launch(tmp_path, "second", *args).finish(timeout=max(left, 30))
     assert code == 0, log
     assert "[default0]:done: " in log and "[default1]:done: " not in log, log
