@@ -105,6 +105,7 @@ _state = {
     "requested": False,
     "in_handler": False,  # the signal handler is asking the store
     "agreed": None,  # the agreed stop step, once known
+    "deferred": False,  # the agreed step fell inside an accumulation cycle
     "last_call": None,  # monotonic time of the previous reached() call
     "step_time": None,  # moving average of the time between calls
     "store": None,
@@ -349,14 +350,22 @@ def _stop_store() -> tuple[_native.Store, str] | None:
     return _state["store"] or None
 
 
-def reached(step: int) -> bool:
+def reached(step: int, *, boundary: bool = True) -> bool:
     """Call once per step with the current step number; returns True at the
     step where every rank stops (save, then exit 0).
+
+    With gradient accumulation, pass ``boundary=False`` for the batches
+    after which the optimizer did not step (inside an accumulation cycle):
+    the stop is then at the first boundary at or after the agreed step, so
+    no accumulated gradient is lost. Every rank must see the same boundaries
+    (they do when the ranks run one loop over equal shares of the data).
 
     Cheap when no stop was requested: no network, a clock read and a flag.
     """
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"step must be an int, not {type(step).__name__}")
+    if not isinstance(boundary, bool):
+        raise TypeError(f"boundary must be a bool, not {type(boundary).__name__}")
     _native.heartbeat(step)
     now = time.monotonic()
     last, avg = _state["last_call"], _state["step_time"]
@@ -371,14 +380,17 @@ def reached(step: int) -> bool:
             return False
         agreed = _agree(step)
         _state["agreed"] = agreed
-    if step > agreed:
+    if step < agreed:
+        return False
+    if not boundary:
+        _state["deferred"] = True  # to the end of this accumulation cycle
+        return False
+    if step > agreed and not _state["deferred"]:
         warnings.warn(
             f"relaunch.preemption: this rank is at step {step}, past the agreed stop step "
             f"{agreed}; it stops now, so its checkpoint is of a later step than the others'",
             stacklevel=2,
         )
-    if step < agreed:
-        return False
     if _state["stopped"] is None:
         checkpoint = _state["saved"].get(step)
         _state["stopped"] = {"step": step, "agreed": agreed, "checkpoint": checkpoint}

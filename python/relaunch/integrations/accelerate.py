@@ -57,6 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "relaunch.integrations.accelerate needs accelerate: pip install accelerate"
     ) from e
 
+from relaunch import _rng
 from relaunch.integrations import _common
 
 __all__ = ["Preemption", "RelaunchTracker"]
@@ -155,17 +156,37 @@ class Preemption:
         self.step = 0
         self._resumed: Path | None = None
         self._resume_checked = False
+        # The state each epoch's loader drew its base seed from, saved with
+        # every checkpoint (accelerate saves the generators themselves).
+        self._seeds = _rng.LoaderSeeds()
+        self._replay_seed: Any = None
         accelerator.register_for_checkpointing(self)
 
     # -- what accelerate saves with every checkpoint -----------------------------
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "batch": self.batch, "step": self.step}
+    def state_dict(self) -> dict[str, Any]:
+        # Every rank's (a collective: accelerate calls this on every rank,
+        # and the main process writes it).
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "step": self.step,
+            "loader_rng": _rng.per_rank(self._seeds.state),
+        }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
         self.batch = int(state["batch"])
         self.step = int(state["step"])
+        if "loader_rng" in state:
+            self._replay_seed = _rng.mine(state["loader_rng"], "DataLoader base seeds")
+        else:
+            warnings.warn(
+                "relaunch Preemption: this checkpoint holds no DataLoader base seed (saved by "
+                "an earlier relaunch): the resumed epoch draws one more random number than an "
+                "uninterrupted run, so dropout masks and workers' seeds differ from it",
+                stacklevel=2,
+            )
 
     # -- resume -----------------------------------------------------------------
 
@@ -208,9 +229,29 @@ class Preemption:
         set_epoch = getattr(dataloader, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(self.epoch)
+        resumed, self._replay_seed = self._replay_seed, None
+        if resumed is not None:
+            self._seeds.state = resumed
+        if self._seeds.state is not None and (
+            _persistent(dataloader) or (resumed is not None and self.batch > 0)
+        ):
+            # The uninterrupted run drew this base seed before the checkpoint
+            # (mid-epoch; or once, at its first epoch, for workers that
+            # persist): draw it from the same state, leaving the generators
+            # as accelerate restored them.
+            self._seeds.replay(self._seeds.state)
         if self.batch > 0:
             dataloader = self.accelerator.skip_first_batches(dataloader, self.batch)
-        yield from dataloader
+        iterator = iter(dataloader)
+        with _rng.observe_loaders(self._seeds.observer):
+            try:  # creates the loader's iterator (accelerate's is lazy)
+                first = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._seeds.replay(None)  # a persistent loader made none
+        yield first
+        yield from iterator
 
     # -- the stop ---------------------------------------------------------------
 
@@ -222,7 +263,10 @@ class Preemption:
 
         self.batch += 1
         self.step += 1
-        if not preemption.reached(self.step):
+        # Inside a gradient accumulation cycle the optimizer did not step:
+        # the stop waits for the cycle's end, so nothing accumulated is lost.
+        boundary = bool(getattr(self.accelerator, "sync_gradients", True))
+        if not preemption.reached(self.step, boundary=boundary):
             return False
         path = self._save()
         preemption.saved(path, self.step)
@@ -250,6 +294,13 @@ class Preemption:
             _fsync_dir(self.dir)
         accelerator.wait_for_everyone()
         return final
+
+
+def _persistent(dataloader: Any) -> bool:
+    """Whether ``dataloader`` (accelerate's, over a torch one) keeps its
+    workers across epochs: its iterator, and base seed, are made once."""
+    base = getattr(dataloader, "base_dataloader", dataloader)
+    return bool(getattr(base, "persistent_workers", False)) and base.num_workers > 0
 
 
 def _fsync_tree(root: Path) -> None:

@@ -46,6 +46,7 @@ validation loop delays it: size the grace period for it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 import weakref
@@ -69,6 +70,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 import relaunch
+from relaunch import _rng
 from relaunch.integrations import _common
 from relaunch.sampler import InterruptibleSampler
 
@@ -100,6 +102,13 @@ class RelaunchCallback(Callback):
         self._pending: dict[str, Any] | None = None  # sampler state to resume from
         self._unpatch: Any = None
         self._exit_pending = False
+        self._last_global_step: int | None = None
+        # Random generators: the loader's base seed, and the state to put
+        # back before the first resumed batch.
+        self._seeds = _rng.LoaderSeeds(self._is_train_loader)
+        self._observing = contextlib.ExitStack()
+        self._resume_rng: dict[str, Any] | None = None
+        self._resume_new_epoch = False
 
     # -- set-up and signals ---------------------------------------------------
 
@@ -115,6 +124,7 @@ class RelaunchCallback(Callback):
         _common.destroy_process_group_at_exit()
         if self.exact_resume:
             self._patch_sampler()
+            self._observing.enter_context(_rng.observe_loaders(self._observe_loader))
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._take_signals()
@@ -134,6 +144,7 @@ class RelaunchCallback(Callback):
         if self._unpatch is not None:
             self._unpatch()
             self._unpatch = None
+        self._observing.close()
 
     @staticmethod
     def _take_signals() -> None:
@@ -155,7 +166,11 @@ class RelaunchCallback(Callback):
     ) -> None:
         from relaunch import preemption
 
-        if self._exit_pending or not preemption.reached(trainer.global_step):
+        # With accumulate_grad_batches the optimizer steps on some batches
+        # only: the stop is never inside an accumulation cycle.
+        stepped = trainer.global_step != self._last_global_step
+        self._last_global_step = trainer.global_step
+        if self._exit_pending or not preemption.reached(trainer.global_step, boundary=stepped):
             return
         path = self._save_stop_checkpoint(trainer)
         preemption.saved(path, trainer.global_step)
@@ -167,6 +182,12 @@ class RelaunchCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._leave_if_stopped()
+        if self._last_global_step is None:
+            self._last_global_step = trainer.global_step
+        if self._resume_rng is not None:
+            # What the uninterrupted run had before this batch.
+            _rng.restore(self._resume_rng)
+            self._resume_rng = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A stop on an epoch's last batch: the epoch is done (its own
@@ -213,13 +234,57 @@ class RelaunchCallback(Callback):
     # -- exact resume ---------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        sampler = self._sampler
-        if sampler is None:
-            return {}
-        return {"sampler": sampler.state_dict()}
+        """The sampler's progress, and every rank's random generators (each
+        rank's: Lightning writes rank 0's checkpoint only, so this gathers
+        them, on every save, from every rank, which all take part)."""
+        state: dict[str, Any] = {}
+        if self._sampler is not None:
+            state["sampler"] = self._sampler.state_dict()
+        if self.exact_resume:
+            state["rng"] = _rng.per_rank({"now": _rng.capture(), "loader": self._seeds.state})
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict.get("sampler")
+        if not self.exact_resume:
+            return
+        if "rng" not in state_dict:
+            warnings.warn(
+                "RelaunchCallback: this checkpoint holds no random generator states (written "
+                "without RelaunchCallback, or by a relaunch before 0.x): the resumed steps draw "
+                "other random numbers (dropout masks, augmentations) than an uninterrupted run",
+                stacklevel=2,
+            )
+            return
+        mine = _rng.mine(state_dict["rng"], "random generator states")
+        if mine is None:
+            return
+        # Now, before Lightning makes the train loader's iterator (its base
+        # seed is drawn from this state in an uninterrupted run when the
+        # checkpoint ends an epoch), and again before the first batch.
+        _rng.restore(mine["now"])
+        self._resume_rng = mine["now"]
+        pending = self._pending or {}
+        self._resume_new_epoch = pending.get("progress", 0) >= pending.get("dataset_len", 1)
+        if mine["loader"] is not None:
+            self._seeds.replay(mine["loader"], only_if=self._replays_seed)
+
+    def _replays_seed(self, loader: Any) -> bool:
+        """Whether the uninterrupted run drew this loader's base seed before
+        the checkpoint: mid-epoch, or at the first epoch with persistent
+        workers. At an epoch's end it draws the next epoch's now."""
+        persistent = loader.persistent_workers and loader.num_workers > 0
+        return persistent or not self._resume_new_epoch
+
+    def _is_train_loader(self, loader: Any) -> bool:
+        return self._sampler is not None and getattr(loader, "sampler", None) is self._sampler
+
+    def _observe_loader(self, loader: Any, create: Any) -> Any:
+        iterator = self._seeds.observer(loader, create)
+        if self._resume_rng is not None and self._is_train_loader(loader):
+            # The draw (at an epoch's end) belongs to the resumed steps.
+            self._resume_rng = _rng.capture()
+        return iterator
 
     def _patch_sampler(self) -> None:
         """Puts an ``InterruptibleSampler`` where Lightning injects its

@@ -3,12 +3,15 @@ and preemption.
 
 Usage: accelerate_train.py OUT [--epochs N] [--step-time S] [--workers N]
        [--signal-at STEP] [--hang-at STEP] [--crash-at STEP]
+       [--dropout P] [--accumulate N]
 
-The regression model of ``lightning_train.py`` (no dropout) on 64 synthetic
-samples, ``accelerator.prepare`` (DDP on gloo over the launcher's ranks,
-the seedable sampler, ``shuffle=True``), checkpoints only at a stop. Every
-rank appends ``epoch step sample...`` for each batch it trains to
-``OUT/trace.RANK``; rank 0 writes the final parameters to ``OUT/params.pt``.
+The regression model of ``lightning_train.py`` on 64 synthetic samples
+(``--dropout``: a dropout layer; ``--accumulate``: accelerate's gradient
+accumulation over that many batches), ``accelerator.prepare`` (DDP on gloo
+over the launcher's ranks, the seedable sampler, ``shuffle=True``),
+checkpoints only at a stop. Every rank appends ``epoch step sample...`` for
+each batch it trains to ``OUT/trace.RANK``; rank 0 writes the final
+parameters to ``OUT/params.pt``.
 ``--signal-at``, ``--hang-at`` and ``--crash-at`` act on rank 1 of the first
 attempt at that step (counted from 0), as in ``lightning_train.py``;
 ``--no-relaunch`` runs the same loop without relaunch, saving every
@@ -53,6 +56,8 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--no-relaunch", action="store_true")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     args = parser.parse_args()
@@ -61,9 +66,15 @@ def main() -> None:
         cpu=True,
         log_with=[] if args.no_relaunch else [RelaunchTracker()],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        gradient_accumulation_steps=args.accumulate,
     )
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.Tanh(),
+        torch.nn.Dropout(args.dropout),
+        torch.nn.Linear(16, 1),
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     loader = DataLoader(Samples(), batch_size=4, shuffle=True, num_workers=args.workers)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -87,10 +98,11 @@ def main() -> None:
             with open(args.out / f"trace.{rank}", "a") as f:
                 f.write(f"{epoch} {step} {' '.join(map(str, idx.tolist()))}\n")
             time.sleep(args.step_time)
-            loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
             accelerator.log({"loss": loss.item()}, step=step)
             if stop.reached():
                 sys.exit(0)
@@ -110,10 +122,11 @@ def plain(args, accelerator, model, optimizer, loader) -> None:
             with open(args.out / f"trace.{accelerator.process_index}", "a") as f:
                 f.write(f"{epoch} {step} {' '.join(map(str, idx.tolist()))}\n")
             time.sleep(args.step_time)
-            loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
             step += 1
             if args.save_every and step % args.save_every == 0:
                 accelerator.save_state(str(args.out / "ckpt" / f"step_{step:08d}"))

@@ -2,13 +2,15 @@
 
 Usage: lightning_train.py OUT [--epochs N] [--step-time S] [--workers N]
        [--hang-at STEP] [--crash-at STEP] [--no-relaunch]
+       [--dropout P] [--accumulate N]
 
-A tiny regression model (no dropout, so a resumed run can be compared bit
-for bit) on 64 synthetic samples, DDP on gloo with as many devices as the
-launcher started ranks, a plain ``DataLoader(shuffle=True)`` that Lightning
-gives its distributed sampler, and ``fit(ckpt_path="last")``. Every rank
-appends ``epoch step sample...`` for each batch it trains to
-``OUT/trace.RANK``; rank 0 writes the final parameters to ``OUT/params.pt``.
+A tiny regression model (``--dropout``: with a dropout layer;
+``--accumulate``: ``accumulate_grad_batches``) on 64 synthetic samples, DDP
+on gloo with as many devices as the launcher started ranks, a plain
+``DataLoader(shuffle=True)`` that Lightning gives its distributed sampler,
+and ``fit(ckpt_path="last")``. Every rank appends ``epoch step sample...``
+for each batch it trains to ``OUT/trace.RANK``; rank 0 writes the final
+parameters to ``OUT/params.pt``.
 ``--crash-at`` makes rank 1 of the first attempt exit 1 at that step;
 ``--hang-at`` makes rank 1 sleep forever there; ``--no-relaunch`` leaves
 relaunch out (Lightning alone, as under torchrun), ``--save-every N`` adds
@@ -49,13 +51,22 @@ class Samples(Dataset):
 
 class Regression(L.LightningModule):
     def __init__(
-        self, out: Path, step_time: float, hang_at: int, crash_at: int, signal_at: int
+        self,
+        out: Path,
+        step_time: float,
+        hang_at: int,
+        crash_at: int,
+        signal_at: int,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["out"])
         torch.manual_seed(0)
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+            torch.nn.Linear(8, 16),
+            torch.nn.Tanh(),
+            torch.nn.Dropout(dropout),
+            torch.nn.Linear(16, 1),
         )
         self.out = out
 
@@ -90,6 +101,8 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--crash-at", type=int, default=-1)
     parser.add_argument("--signal-at", type=int, default=-1)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--accumulate", type=int, default=1, help="accumulate_grad_batches")
     parser.add_argument("--no-relaunch", action="store_true")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     args = parser.parse_args()
@@ -108,6 +121,7 @@ def main() -> None:
         devices=world,
         strategy="ddp" if world > 1 else "auto",
         max_epochs=args.epochs,
+        accumulate_grad_batches=args.accumulate,
         callbacks=[
             *relaunch,
             ModelCheckpoint(
@@ -124,7 +138,9 @@ def main() -> None:
         log_every_n_steps=1,
         deterministic=True,
     )
-    model = Regression(args.out, args.step_time, args.hang_at, args.crash_at, args.signal_at)
+    model = Regression(
+        args.out, args.step_time, args.hang_at, args.crash_at, args.signal_at, args.dropout
+    )
     trainer.fit(model, loader, ckpt_path="last")
     if trainer.global_rank == 0:
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, args.out / "params.pt")
