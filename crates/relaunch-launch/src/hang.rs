@@ -142,6 +142,8 @@ pub struct RankStack {
     pub text: String,
     /// Where its main thread is, when the text is a stack.
     pub place: Option<String>,
+    /// Whether it waits for its peers there ([`stacks::waits_on_peers`]).
+    pub waits: Option<bool>,
     /// `stack.txt` in its log directory, once written.
     pub file: Option<PathBuf>,
     /// The NCCL flight recorder's dumps in its log directory.
@@ -254,15 +256,16 @@ async fn take(rank: RankBeat, py_spy: Option<&Path>) -> RankStack {
             None => (Method::StderrTail, rank.tail.join("\n")),
         },
     };
-    let place = match method {
-        Method::StderrTail => None,
-        _ => stacks::place(&stacks::main_thread(&text)),
+    let frames = match method {
+        Method::StderrTail => Vec::new(),
+        _ => stacks::main_thread(&text),
     };
     RankStack {
         rank,
         method,
         text,
-        place,
+        place: stacks::place(&frames),
+        waits: stacks::waits_on_peers(&frames),
         file: None,
         nccl_traces: Vec::new(),
     }
@@ -374,8 +377,24 @@ pub struct Summary {
     pub last: Option<SystemTime>,
     pub step: Option<i64>,
     pub place: Option<String>,
+    pub waits: Option<bool>,
     pub stacks_by: String,
     pub stack_file: Option<String>,
+}
+
+/// What singles out the rank a hang report names ([`HangReport::first`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// Its last beat is earlier than every other's by more than
+    /// [`SAME_MOMENT`]: the others went on after it stopped.
+    Beats,
+    /// Its step is behind every other's.
+    Steps,
+    /// It is the only one not waiting on its peers while others wait in a
+    /// collective (or in DDP's backward).
+    Stacks,
+    /// It is stuck where no other rank is, while the others share a place.
+    Place,
 }
 
 fn secs(t: Option<SystemTime>) -> Option<f64> {
@@ -392,6 +411,7 @@ impl Summary {
             "last_beat": secs(self.last),
             "last_step": self.step,
             "where": self.place,
+            "waits_on_peers": self.waits,
             "stacks_by": self.stacks_by,
             "stack_file": self.stack_file,
         })
@@ -410,6 +430,7 @@ impl Summary {
                 .map(|d| UNIX_EPOCH + d),
             step: value["last_step"].as_i64(),
             place: text("where"),
+            waits: value["waits_on_peers"].as_bool(),
             stacks_by: text("stacks_by")?,
             stack_file: text("stack_file"),
         })
@@ -434,6 +455,7 @@ impl HangReport {
                 last: r.rank.state.and_then(|s| s.last),
                 step: r.rank.state.and_then(|s| s.step),
                 place: r.place.clone(),
+                waits: r.waits,
                 stacks_by: r.method.name().to_owned(),
                 stack_file: r.file.as_ref().map(|f| f.display().to_string()),
             })
@@ -442,13 +464,19 @@ impl HangReport {
         all
     }
 
-    /// The rank that stopped beating first, of every node whose ranks are
-    /// known here: the one with the earliest last beat (of this node's
-    /// that never beat, for a start-up stall). Ranks that stop at the same
-    /// step stop within moments of each other (the others wait for the
-    /// culprit in a collective), so among those within [`SAME_MOMENT`] of
-    /// the earliest, it is the one stuck where the fewest others are.
-    pub fn first(&self) -> Option<Summary> {
+    /// The rank the evidence points at, of every node whose ranks are
+    /// known here, and what points at it; `None` where nothing can tell.
+    ///
+    /// First the beats: a rank whose last beat is earlier than every
+    /// other's by more than [`SAME_MOMENT`] (of this node's that never
+    /// beat, for a start-up stall). But ranks in lockstep stop within
+    /// milliseconds of each other whichever one hung (the others wait for
+    /// it in their next collective), and the order of those last beats is
+    /// chance. Among them: the one whose step is behind the others'; else
+    /// the only one not waiting on its peers while others wait in a
+    /// collective; else the one stuck where no other rank is while the
+    /// rest share a place. Else none: the report says it cannot tell.
+    pub fn first(&self) -> Option<(Summary, Evidence)> {
         let all = self.summaries();
         let last = |r: &Summary| r.last.unwrap_or(UNIX_EPOCH);
         // Every rank that has beaten, not only those past the timeout at
@@ -462,16 +490,55 @@ impl HangReport {
             }
         };
         let earliest = candidates.iter().map(|r| last(r)).min()?;
+        let close: Vec<&Summary> = candidates
+            .iter()
+            .copied()
+            .filter(|r| last(r) <= earliest + SAME_MOMENT)
+            .collect();
+        let only = |found: Vec<&Summary>, evidence| match found.as_slice() {
+            [one] => Some(((*one).clone(), evidence)),
+            _ => None,
+        };
+        if close.len() == 1 {
+            return only(close, Evidence::Beats);
+        }
+        let steps: Vec<i64> = close.iter().filter_map(|r| r.step).collect();
+        if let Some(&low) = steps.iter().min() {
+            let behind: Vec<&Summary> = close
+                .iter()
+                .copied()
+                .filter(|r| r.step == Some(low))
+                .collect();
+            if steps.len() == close.len() && behind.len() < close.len() {
+                if let Some(found) = only(behind, Evidence::Steps) {
+                    return Some(found);
+                }
+            }
+        }
+        let outside: Vec<&Summary> = close
+            .iter()
+            .copied()
+            .filter(|r| r.waits == Some(false))
+            .collect();
+        if all.iter().any(|r| r.waits == Some(true)) {
+            if let Some(found) = only(outside, Evidence::Stacks) {
+                return Some(found);
+            }
+        }
         let sharing = |r: &Summary| {
             all.iter()
                 .filter(|o| o.place.is_some() && o.place == r.place)
                 .count()
         };
-        candidates
-            .into_iter()
-            .filter(|r| last(r) <= earliest + SAME_MOMENT)
-            .min_by_key(|r| (sharing(r), last(r)))
-            .cloned()
+        let alone: Vec<&Summary> = close.iter().copied().filter(|r| sharing(r) == 1).collect();
+        let together = all
+            .iter()
+            .filter(|r| r.place.is_some() && sharing(r) > 1)
+            .count();
+        if all.len() >= 3 && together == all.len() - 1 {
+            return only(alone, Evidence::Place);
+        }
+        None
     }
 
     fn stalled(&self) -> &[usize] {
@@ -505,30 +572,54 @@ impl HangReport {
         stacks::group(&places)
     }
 
-    /// One line: who stopped, since when.
+    /// One line: who stopped, since when, and what says so.
     pub fn headline(&self, attempt: u32) -> String {
         match (&self.stall, self.first()) {
-            (Stall::Silent(ranks), Some(first)) => {
-                let silent = first
-                    .last
-                    .and_then(|l| self.detected.duration_since(l).ok())
-                    .unwrap_or_default();
-                let elsewhere = if first.node_rank == self.node_rank {
-                    String::new()
-                } else {
-                    format!(" (node {}, {})", first.node_rank, first.host)
-                };
-                format!(
-                    "hang in attempt {attempt}: rank {}{elsewhere} stopped beating first, {:.0}s \
-                     ago{}; no progress from rank(s) {} for {:.0?} (--hang-timeout) on node {} ({})",
-                    first.rank,
-                    silent.as_secs_f64(),
-                    first.step_text(),
-                    stacks::ranks_text(&self.global_ranks(ranks)),
+            (Stall::Silent(ranks), found) => {
+                let stopped = stacks::ranks_text(&self.global_ranks(ranks));
+                let tail = format!(
+                    "no progress from rank(s) {stopped} for {:.0?} (--hang-timeout) on node {} ({})",
                     self.timeout.unwrap_or_default(),
                     self.node_rank,
                     self.hostname
-                )
+                );
+                let Some((first, evidence)) = found else {
+                    return format!(
+                        "hang in attempt {attempt}: {tail}; no rank can be singled out: their last \
+                         beats are within {SAME_MOMENT:?} of each other, at the same step, and no \
+                         stack stands apart (where each is: below)"
+                    );
+                };
+                let silent = first
+                    .last
+                    .and_then(|l| self.detected.duration_since(l).ok())
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                let who = if first.node_rank == self.node_rank {
+                    format!("rank {}", first.rank)
+                } else {
+                    format!(
+                        "rank {} (node {}, {})",
+                        first.rank, first.node_rank, first.host
+                    )
+                };
+                let step = first.step_text();
+                let why = match evidence {
+                    Evidence::Beats => {
+                        format!("{who} stopped beating first, {silent:.0}s ago{step}")
+                    }
+                    Evidence::Steps => {
+                        format!("{who} is behind the others, last beat {silent:.0}s ago{step}")
+                    }
+                    Evidence::Stacks => format!(
+                        "{who} is the one the others wait for (the only one not waiting on its \
+                         peers), last beat {silent:.0}s ago{step}"
+                    ),
+                    Evidence::Place => format!(
+                        "{who} is stuck where no other rank is, last beat {silent:.0}s ago{step}"
+                    ),
+                };
+                format!("hang in attempt {attempt}: {why}; {tail}")
             }
             (Stall::NeverBeat(ranks), _) => format!(
                 "hang in attempt {attempt}: rank(s) {} made no progress in the {:.0?} after they \
@@ -538,7 +629,6 @@ impl HangReport {
                 self.node_rank,
                 self.hostname
             ),
-            (Stall::Silent(_), None) => format!("hang in attempt {attempt}"),
             (Stall::Elsewhere(there), _) => format!(
                 "stacks of node {} ({}) for a hang found on another node: {there}",
                 self.node_rank, self.hostname
@@ -630,7 +720,8 @@ impl HangReport {
             "startup_timeout_s": self.startup.map(|t| t.as_secs_f64()),
             "node_rank": self.node_rank,
             "host": self.hostname,
-            "first_rank": self.first().map(|r| r.rank),
+            "first_rank": self.first().map(|(r, _)| r.rank),
+            "first_by": self.first().map(|(_, e)| format!("{e:?}").to_lowercase()),
             "silent_nodes": self.silent_nodes,
             "groups": self.groups().into_iter()
                 .map(|(ranks, place)| json!({"ranks": ranks, "where": place}))
@@ -758,17 +849,25 @@ mod tests {
         assert_eq!(off.check(&[rank(1, Some(3000), now)], now), None);
     }
 
-    #[test]
-    fn the_report_names_the_first_rank_to_stop_and_groups_the_others() {
-        let now = SystemTime::now();
-        let stack = |r: RankBeat, place: &str| RankStack {
+    fn stack(r: RankBeat, place: &str) -> RankStack {
+        RankStack {
             rank: r,
             method: Method::Signal,
             text: String::new(),
             place: Some(place.to_owned()),
+            waits: Some(place.contains("all_reduce") || place.contains("backward")),
             file: None,
             nccl_traces: Vec::new(),
-        };
+        }
+    }
+
+    fn named(report: &HangReport) -> Option<(usize, Evidence)> {
+        report.first().map(|(r, e)| (r.rank, e))
+    }
+
+    #[test]
+    fn the_report_names_the_first_rank_to_stop_and_groups_the_others() {
+        let now = SystemTime::now();
         let report = HangReport {
             stall: Stall::Silent(vec![0, 1, 2]),
             timeout: Some(Duration::from_secs(30)),
@@ -785,21 +884,26 @@ mod tests {
             others: Vec::new(),
             file: None,
         };
-        assert_eq!(report.first().unwrap().rank, 5);
-        // Stopped at the same moment: the one stuck where the others are
-        // not is named.
+        assert_eq!(named(&report), Some((5, Evidence::Beats)));
+        // Stopped at the same moment: the one not waiting where the others
+        // wait is named.
         let mut tie = report.clone();
         tie.ranks[1].rank = rank(1, Some(31), now);
-        assert_eq!(tie.first().unwrap().rank, 5);
-        tie.ranks[1].place = Some("in all_reduce, train.py:88".into());
-        tie.ranks[0].place = Some("in load, data.py:9".into());
-        assert_eq!(tie.first().unwrap().rank, 4);
+        assert_eq!(named(&tie), Some((5, Evidence::Stacks)));
+        assert!(
+            tie.render(2)
+                .contains("rank 5 is the one the others wait for (the only one not waiting"),
+            "{}",
+            tie.render(2)
+        );
+        tie.ranks[1] = stack(tie.ranks[1].rank.clone(), "in all_reduce, train.py:88");
+        tie.ranks[0] = stack(tie.ranks[0].rank.clone(), "in load, data.py:9");
+        assert_eq!(named(&tie), Some((4, Evidence::Stacks)));
         // Another node's ranks count: its rank 9, stuck where no other
         // rank is, stopped at the same moment as this node's three, which
         // all wait in all_reduce.
         let mut merged = report.clone();
-        merged.ranks[1].place = Some("in all_reduce, train.py:88".into());
-        merged.ranks[1].rank = rank(1, Some(31), now);
+        merged.ranks[1] = stack(rank(1, Some(31), now), "in all_reduce, train.py:88");
         let other = Summary {
             rank: 9,
             node_rank: 2,
@@ -816,15 +920,16 @@ mod tests {
             ),
             step: Some(69),
             place: Some("in stuck_loading, train.py:23".into()),
+            waits: Some(false),
             stacks_by: "py-spy".into(),
             stack_file: None,
         };
         assert_eq!(Summary::from_json(&other.to_json()), Some(other.clone()));
         merged.others = vec![other];
-        assert_eq!(merged.first().unwrap().rank, 9);
+        assert_eq!(named(&merged), Some((9, Evidence::Stacks)));
         let text = merged.render(2);
         assert!(
-            text.contains("rank 9 (node 2, node2) stopped beating first"),
+            text.contains("rank 9 (node 2, node2) is the one the others wait for"),
             "{text}"
         );
         assert!(
@@ -845,7 +950,79 @@ mod tests {
         assert!(text.contains("rank 5: in sleep, train.py:61"), "{text}");
         let json = report.to_json(2);
         assert_eq!(json["first_rank"], 5);
+        assert_eq!(json["first_by"], "beats");
         assert_eq!(json["groups"][0]["ranks"], "4,6");
         assert_eq!(json["ranks"][1]["last_step"], 55);
+    }
+
+    /// Issue 34: two ranks in lockstep, rank 5 stuck in the user's code,
+    /// rank 4 waiting for its gradients in DDP's backward; rank 4's last
+    /// beat 2 ms older. The beats' order named rank 4.
+    #[test]
+    fn ranks_in_lockstep_are_told_apart_by_evidence_or_not_at_all() {
+        let now = SystemTime::now();
+        let at = |local: usize, ago: Duration, place: &str| {
+            let mut beat = rank(local, Some(0), now);
+            if let Some(state) = beat.state.as_mut() {
+                state.last = Some(now - ago);
+                state.step = Some(11);
+            }
+            stack(beat, place)
+        };
+        let mut report = HangReport {
+            stall: Stall::Silent(vec![0, 1]),
+            timeout: Some(Duration::from_secs(10)),
+            startup: None,
+            detected: now,
+            node_rank: 0,
+            hostname: "node0".into(),
+            ranks: vec![
+                at(
+                    0,
+                    Duration::from_millis(10_002),
+                    "in _engine_run_backward, train.py:40",
+                ),
+                at(
+                    1,
+                    Duration::from_millis(10_000),
+                    "in training_step, train.py:31",
+                ),
+            ],
+            silent_nodes: 0,
+            others: Vec::new(),
+            file: None,
+        };
+        assert_eq!(named(&report), Some((5, Evidence::Stacks)));
+        // A rank behind the others' step.
+        let mut behind = report.clone();
+        behind.ranks[1].waits = Some(true);
+        if let Some(state) = behind.ranks[0].rank.state.as_mut() {
+            state.step = Some(10);
+        }
+        assert_eq!(named(&behind), Some((4, Evidence::Steps)));
+        assert!(behind.headline(0).contains("rank 4 is behind the others"));
+        // Stacks that cannot be read, the same step: nothing tells.
+        for r in &mut report.ranks {
+            r.waits = None;
+            r.place = None;
+        }
+        assert_eq!(named(&report), None);
+        let headline = report.headline(0);
+        assert!(
+            headline.contains("no rank can be singled out")
+                && headline.contains("no progress from rank(s) 4-5 for 10s"),
+            "{headline}"
+        );
+        assert_eq!(report.to_json(0)["first_rank"], serde_json::Value::Null);
+        // Three ranks, none known to wait: the one alone is named.
+        report.ranks = vec![
+            at(0, Duration::from_millis(10_000), "in load, data.py:9"),
+            at(1, Duration::from_millis(10_001), "in step, train.py:5"),
+            at(2, Duration::from_millis(10_002), "in step, train.py:5"),
+        ];
+        for r in &mut report.ranks {
+            r.waits = Some(false);
+        }
+        assert_eq!(named(&report), Some((4, Evidence::Place)));
     }
 }

@@ -104,6 +104,24 @@ pub fn place(frames: &[Frame]) -> Option<String> {
     })
 }
 
+/// Where torch waits for the other ranks: its collectives and process
+/// groups, DDP's own calls, and the autograd engine (DDP's backward waits
+/// there for the others' gradients).
+const PEER_WAITS: [&str; 3] = [
+    "torch/distributed/",
+    "torch/autograd/",
+    "torch/nn/parallel/distributed.py",
+];
+
+/// Whether the rank whose main thread is at `frames` waits for its peers:
+/// its innermost frame is in torch's collective, DDP or autograd code.
+/// `None` without frames. A rank stuck elsewhere (in the user's code, in
+/// data loading) is what the others may be waiting for.
+pub fn waits_on_peers(frames: &[Frame]) -> Option<bool> {
+    let top = frames.first()?;
+    Some(PEER_WAITS.iter().any(|p| top.file.contains(p)))
+}
+
 /// Ranks grouped by place, the largest group first: `("0-2,5", "in
 /// all_reduce, train.py:88")`.
 pub fn group(places: &[(usize, String)]) -> Vec<(String, String)> {
