@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -334,3 +335,121 @@ def test_a_rank_persistently_slower_than_the_others_is_reported_once_and_charted
         assert values, (rank, points)
         assert abs(values[-1] - expected) < expected * 0.3, (rank, values)
 
+
+class _SlowRelay:
+    """An HTTP relay in front of the tracking server, as a slow proxy with
+    a small body limit: a record batch larger than ``limit`` bytes gets 413
+    (the client halves its batches), a smaller one is held ``delay``
+    seconds before it is forwarded; with ``refuse_batches`` every batch
+    gets 503 instead (the server never takes what the rank waits on)."""
+
+    def __init__(self, upstream: str, limit: int, delay: float) -> None:
+        import http.client
+        import http.server
+        import threading
+        import time
+        import urllib.parse
+
+        self.refuse_batches = False
+        relay = self
+        target = urllib.parse.urlsplit(upstream)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/batches"):
+                    if relay.refuse_batches:
+                        return self._answer(503, b"busy")
+                    if len(body) > limit:
+                        return self._answer(413, b"too large")
+                    time.sleep(delay)
+                upstream_conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                upstream_conn.request(self.command, self.path, body or None, headers)
+                answer = upstream_conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                upstream_conn.close()
+
+            def _answer(self, status: int, text: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _relay
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+SHIPS_AT_THE_END = """
+import sys
+import relaunch
+from pathlib import Path
+run = relaunch.init()
+for step in range(1500):
+    run.log({f"metric_{i}": step * 0.5 + i for i in range(60)}, step=step)
+Path(sys.argv[1], "logged").touch()
+run.finish()  # no timeout: waits as long as the server takes
+Path(sys.argv[1], "finished").touch()
+"""
+
+
+def test_a_rank_shipping_to_a_slow_server_in_finish_beats_and_one_that_ships_nothing_is_hung(
+    tracking_server, tmp_path
+):
+    """Issue 34: a rank waiting in run.finish() sent no beats, so one
+    shipping its last records to a slow server was reported hung and
+    restarted. Its wait beats whenever the server acknowledges records; a
+    wait that gets nothing acknowledged does not, and is a hang."""
+    worker = tmp_path / "ships_at_the_end.py"
+    worker.write_text(SHIPS_AT_THE_END)
+    relay = _SlowRelay(tracking_server.url, limit=48 * 1024, delay=0.4)
+    try:
+        common = ["--nproc-per-node", "1", "--hang-timeout", "3", "--max-restarts", "0",
+                  "--server", relay.url, "--system-metrics-interval", "0"]  # fmt: skip
+        slow = tmp_path / "slow"
+        slow.mkdir()
+        started = time.monotonic()
+        code, console = run(
+            [*common, "--log-dir", slow / "logs", "--run-id", "slow-finish", worker, slow],
+            env_with(),
+        )
+        took = time.monotonic() - started
+        assert code == 0, console
+        assert (slow / "finished").exists(), console
+        assert "hang" not in console, console
+        # The wait was longer than the hang timeout, or the test shows nothing.
+        assert took > 3 * 2, f"the job took {took:.1f} s: the relay did not slow it\n{console}"
+
+        relay.refuse_batches = True
+        stuck = tmp_path / "stuck"
+        stuck.mkdir()
+        code, console = run(
+            [*common, "--log-dir", stuck / "logs", "--run-id", "stuck-finish", worker, stuck],
+            env_with(),
+        )
+        assert (stuck / "logged").exists(), console
+        assert not (stuck / "finished").exists(), console
+        assert code != 0, console
+        assert "hang in attempt 0" in console, console
+    finally:
+        relay.close()

@@ -135,16 +135,23 @@ fn seconds(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 
 /// Runs `wait(step)` with the GIL released in slices of
 /// [`SIGNAL_CHECK_INTERVAL`] until it succeeds, fails otherwise than by
-/// timing out, or `timeout` passes; Ctrl-C interrupts it. A wait with a
-/// timeout beats before each slice: it ends by itself, so `relaunch run`'s
-/// hang detection must not take a rank that waits (at exit, say) for a
-/// server that is gone for a hung one. A wait without one does not beat.
+/// timing out, or `timeout` passes; Ctrl-C interrupts it.
+///
+/// It beats for `relaunch run`'s hang detection while the wait goes
+/// somewhere: a wait with a timeout before each slice (it ends by itself,
+/// so a rank that waits at exit for a server that is gone is not hung),
+/// one without whenever `pending()` (what is left to ship) went down since
+/// the last slice. A rank shipping its last records to a slow server is
+/// then never taken for a hung one, but a wait without a timeout that
+/// makes no progress is.
 fn wait_interruptibly(
     py: Python<'_>,
     timeout: Option<Duration>,
+    pending: impl Fn() -> u64,
     wait: impl Fn(Duration) -> Result<(), ClientError> + Sync,
 ) -> PyResult<()> {
     let deadline = timeout.map(|t| Instant::now() + t);
+    let mut left = pending();
     loop {
         let slice = match deadline {
             Some(deadline) => deadline
@@ -152,12 +159,17 @@ fn wait_interruptibly(
                 .min(SIGNAL_CHECK_INTERVAL),
             None => SIGNAL_CHECK_INTERVAL,
         };
-        if deadline.is_some() {
+        let now_left = pending();
+        if deadline.is_some() || now_left < left {
             relaunch_client::beat::beat(None);
         }
+        left = now_left;
         let result = py.detach(|| wait(slice));
         match result {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                relaunch_client::beat::beat(None);
+                return Ok(());
+            }
             Err(e) if e.kind() == relaunch_client::ErrorKind::Timeout => {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     // Report the whole wait, not the last slice.
@@ -172,6 +184,23 @@ fn wait_interruptibly(
             Err(e) => return Err(tracking_error(e)),
         }
     }
+}
+
+/// `work()`, beating every [`SIGNAL_CHECK_INTERVAL`] from another thread
+/// until it returns: for bounded work whose progress cannot be measured.
+fn beating<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                relaunch_client::beat::beat(None);
+                std::thread::sleep(SIGNAL_CHECK_INTERVAL);
+            }
+        });
+        let out = work();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    })
 }
 
 #[pymethods]
@@ -287,7 +316,12 @@ impl Run {
 
     #[pyo3(signature = (timeout=None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        wait_interruptibly(py, seconds(timeout)?, |slice| self.inner.flush(Some(slice)))
+        wait_interruptibly(
+            py,
+            seconds(timeout)?,
+            || self.inner.pending(),
+            |slice| self.inner.flush(Some(slice)),
+        )
     }
 
     #[pyo3(signature = (timeout=None, error=None))]
@@ -295,8 +329,14 @@ impl Run {
         let timeout = seconds(timeout)?;
         self.inner.end(error).map_err(tracking_error)?;
         // Ship everything, interruptibly; finish then finds nothing to wait for.
-        wait_interruptibly(py, timeout, |slice| self.inner.flush(Some(slice)))?;
-        py.detach(|| self.inner.finish(Some(Duration::from_secs(5)), error))
+        wait_interruptibly(
+            py,
+            timeout,
+            || self.inner.pending(),
+            |slice| self.inner.flush(Some(slice)),
+        )?;
+        // Stopping the shipper and the uploads is bounded (5 s): it beats.
+        py.detach(|| beating(|| self.inner.finish(Some(Duration::from_secs(5)), error)))
             .map_err(tracking_error)
     }
 
