@@ -73,7 +73,10 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
         tracing::debug!(error = %e, "cannot become a subreaper; orphaned worker children go to init");
     }
     // Asked while the store starts; needed when the first worker does.
-    let torch = tokio::spawn(crate::torch::probe_owned(config.entrypoint.python.clone()));
+    let torch = tokio::spawn(crate::torch::find(
+        config.entrypoint.python.clone(),
+        config.entrypoint.warm.is_some(),
+    ));
     let hostname = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
