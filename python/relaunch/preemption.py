@@ -29,8 +29,11 @@ judged from the step time); the others adopt it. A background thread waits
 on the store, so a request that reaches one node reaches every node within a
 round trip, without the training loop polling the network.
 
-Outside ``relaunch run`` (no store), :func:`reached` returns True at the
-first step after a signal.
+Under torchrun the ranks agree the same way through torchrun's own store
+(its agent's, at ``MASTER_ADDR:MASTER_PORT``), with keys of the restart.
+Under any other launcher (no store), :func:`reached` returns True at the
+first step after a signal on the rank that got it, and a job of several
+ranks says so once when this module is imported.
 
 A SIGTERM that follows a failure is not a stop request: when a worker of
 the attempt fails, or another node failed or was lost, the launcher sets
@@ -264,15 +267,51 @@ def _shut_down_loaders() -> None:
 
 
 def _store_address() -> tuple[str, int, str] | None:
+    """Where the ranks agree: ``relaunch run``'s store, else torchrun's (its
+    agent's TCPStore at ``MASTER_ADDR:MASTER_PORT``, the one
+    ``init_process_group`` uses, up before the workers start), with keys
+    of this run and, under torchrun, of this restart (its store outlives a
+    restart, and an earlier attempt's request must not stop the next)."""
     addr = os.environ.get("RELAUNCH_STORE")
     run_id = os.environ.get("RELAUNCH_RUN_ID")
-    if not addr or not run_id:
+    if addr and run_id:
+        host, _, port = addr.rpartition(":")
+    elif _under_torchrun():
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        run_id = f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}-{restart}"
+    else:
         return None
-    host, _, port = addr.rpartition(":")
     try:
         return host.strip("[]"), int(port), run_id
     except ValueError:
         return None
+
+
+def _under_torchrun() -> bool:
+    return all(
+        os.environ.get(name) for name in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+    )
+
+
+def _say_if_alone() -> None:
+    """Several ranks and no store to agree through (another launcher than
+    ``relaunch run`` or torchrun): said once, at start, since a stop
+    signal that reaches one rank then stops that rank alone, and the others
+    wait for it in their next collective."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    if world > 1 and _store_address() is None and os.environ.get("RANK", "0") == "0":
+        warnings.warn(
+            f"relaunch.preemption: {world} ranks but no store to agree on a stop step through "
+            "(neither relaunch run's RELAUNCH_STORE nor torchrun's MASTER_ADDR/MASTER_PORT "
+            "with TORCHELASTIC_RUN_ID): each rank stops at its own step, and a stop signal "
+            "that reaches one rank only leaves the others waiting for it; launch with "
+            "relaunch run (or torchrun)",
+            stacklevel=3,
+        )
 
 
 def _connect() -> tuple[_native.Store, str] | None:
@@ -332,6 +371,8 @@ def install() -> None:
         _state["installed"] = True
     if _store_address() is not None:
         threading.Thread(target=_watch, name="relaunch-preemption", daemon=True).start()
+    else:
+        _say_if_alone()
 
 
 def requested() -> bool:

@@ -307,3 +307,61 @@ def test_the_pythons_whose_fork_can_deadlock_are_told_apart():
     assert affected((3, 10, 14)) and affected((3, 11, 0)) and affected((3, 11, 9))
     assert not affected((3, 10, 15)) and not affected((3, 11, 10))
     assert not affected((3, 12, 0)) and not affected((3, 13, 1))
+
+
+AGREES_UNDER_TORCHRUN = """
+import os, signal, sys, time
+from pathlib import Path
+from relaunch import preemption
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out = Path(sys.argv[1])
+for step in range(10_000):
+    if rank == 1 and step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop that reaches one rank only
+    time.sleep(0.1)
+    dist.all_reduce(torch.ones(1))
+    if preemption.reached(step):
+        (out / f"stopped.{rank}").write_text(str(step))
+        break
+dist.destroy_process_group()
+"""
+
+
+def test_under_torchrun_the_ranks_agree_through_torchruns_store(tmp_path, free_port):
+    """Issue 34: without relaunch run's store, relaunch.preemption fell
+    back to each rank's own step, so a SIGTERM to one rank stopped that rank
+    alone and left the other waiting for it in all_reduce. Under torchrun
+    the ranks agree through its agent's store (MASTER_ADDR:MASTER_PORT)."""
+    script = tmp_path / "agrees.py"
+    script.write_text(AGREES_UNDER_TORCHRUN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAUNCH_")}
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port), str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    log = torchrun.stdout + torchrun.stderr
+    assert torchrun.returncode == 0, log
+    steps = {int((tmp_path / f"stopped.{rank}").read_text()) for rank in range(2)}
+    assert len(steps) == 1 and steps.pop() > 5, (steps, log)
+
+
+def test_several_ranks_without_a_store_are_told_at_start_that_no_stop_is_agreed(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAUNCH_", "TORCHELASTIC_"))}
+    env.update(WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", "import relaunch.preemption"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("no store to agree on a stop step through") == 1, proc.stderr
+    env.update(WORLD_SIZE="1")
+    alone = subprocess.run(
+        [sys.executable, "-c", "import relaunch.preemption"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert "no store" not in alone.stderr, alone.stderr
