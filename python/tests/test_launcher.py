@@ -900,3 +900,53 @@ def test_a_node_that_stops_slowly_is_not_taken_for_a_lost_one(launcher, tmp_path
     assert [code for code, _, _ in results] == [75, 75], errs
     assert not any("sent no heartbeat" in e for e in errs), errs
     assert (out / "stopped.0").read_text() == (out / "stopped.1").read_text()
+
+
+STOPS_OR_FAILS_ONCE = """
+import os, sys, time
+from pathlib import Path
+from relaunch import preemption
+out = Path(sys.argv[1])
+mode = sys.argv[2]
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if mode == "fail-once" and attempt == 0 and os.environ["RANK"] == "1":
+    sys.exit(3)
+for step in range(100000 if mode == "stop" else 3):
+    (out / f"step.{os.environ['RANK']}").write_text(str(step))
+    time.sleep(0.05)
+    if preemption.reached(step):
+        break
+"""
+
+
+def test_reports_name_files_that_outlive_the_job_and_preempted_logs_go_with_the_run(
+    launcher, tmp_path
+):
+    """Issue 34: without --log-dir, a success removed the log folder that
+    the failure report of an earlier attempt named, and the folders of
+    preempted launches stayed in the temporary directory for good. Now the
+    success keeps a folder its reports name (and says so), and removes what
+    the run's earlier preempted launches left."""
+    script = tmp_path / "job.py"
+    script.write_text(STOPS_OR_FAILS_ONCE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    common = ["--nproc-per-node", "2", "--run-id", "keep", "--max-restarts", "1", script, tmp_path]
+    job = launcher(*common, "stop", env=env)
+    wait_for(lambda: (tmp_path / "step.1").exists(), 120, "the job to be under way")
+    job.send_signal(signal.SIGTERM)
+    code, _, err = finish(job, timeout=120)
+    assert code == 75, err
+    (preempted,) = temp.glob("relaunch_keep_*")
+    assert (preempted / "preempted").is_file(), sorted(preempted.iterdir())
+
+    code, _, err = finish(launcher(*common, "fail-once", env=env), timeout=120)
+    assert code == 0, err
+    assert "exit code 3" in err, err
+    named = re.findall(r"(/\S+/attempt_0/1/std(?:out|err)\.log)", err)
+    assert named, err
+    assert all(Path(p).is_file() for p in named), named
+    assert "name files in" in err and "kept" in err, err
+    assert not preempted.exists(), "the preempted launch's folder is removed"
+    assert len(list(temp.glob("relaunch_keep_*"))) == 1

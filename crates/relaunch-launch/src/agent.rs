@@ -194,11 +194,23 @@ pub async fn launch(config: LaunchConfig) -> Result<Outcome, LaunchError> {
             layout.root().display()
         )),
     }
+    if matches!(outcome, Outcome::Succeeded) && layout.is_temporary() && layout.reported() {
+        out.notice(format!(
+            "relaunch: the reports of earlier attempts name files in {}: kept (remove it when \
+             done)",
+            layout.root().display()
+        ));
+    }
     drop(coordinator);
     console.close();
     store.close().await;
-    if matches!(outcome, Outcome::Succeeded) {
-        layout.cleanup();
+    match &outcome {
+        Outcome::Succeeded => {
+            // After the console, whose files are in it.
+            layout.finish();
+        }
+        Outcome::Stopped { clean: true, .. } => layout.mark_preempted(),
+        _ => {}
     }
     Ok(outcome)
 }
@@ -431,6 +443,7 @@ async fn run_attempts(
                 event.what
             }
             Err(Some(hang)) => {
+                layout.mark_reported();
                 let text = hang.render(this);
                 out.notice(text.clone());
                 if let Some(tracker) = tracker.as_mut() {
@@ -446,6 +459,7 @@ async fn run_attempts(
                 hang.headline(this)
             }
             Err(None) => {
+                layout.mark_reported();
                 let text =
                     report::render(&failures, hostname, attempt.restarts, config.max_restarts);
                 out.notice(text.clone());

@@ -11,7 +11,10 @@
 //!
 //! Without `--log-dir` the same layout lives in a temporary directory,
 //! which is removed when the job succeeds and kept (and named in the
-//! failure report) when it does not.
+//! failure report) when it does not. A success keeps it too when a hang or
+//! failure report of an earlier attempt names files in it (said at exit),
+//! and removes what this run's earlier preempted launches left (marked
+//! [`PREEMPTED`] when they stopped).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -29,11 +32,27 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 /// Lines of a worker's stderr kept for the failure report.
 pub const TAIL_LINES: usize = 40;
 
+/// The mark a preempted launch leaves in its temporary log directory: the
+/// relaunch that finishes the run removes the directory.
+pub const PREEMPTED: &str = "preempted";
+
 /// The job's log directory.
 #[derive(Clone, Debug)]
 pub struct LogLayout {
     root: PathBuf,
     temporary: bool,
+    run_id: String,
+    /// A hang or failure report named files in it.
+    reported: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What [`LogLayout::finish`] did with a temporary directory.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// Removed (or never temporary).
+    No,
+    /// Kept: a report of an earlier attempt names files in it.
+    Reported(PathBuf),
 }
 
 impl LogLayout {
@@ -62,7 +81,14 @@ impl LogLayout {
             };
             let root = parent.join(name);
             match std::fs::DirBuilder::new().mode(0o700).create(&root) {
-                Ok(()) => return Ok(Self { root, temporary }),
+                Ok(()) => {
+                    return Ok(Self {
+                        root,
+                        temporary,
+                        run_id: run_id.to_owned(),
+                        reported: Arc::default(),
+                    });
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 100 => {
                     tries += 1;
                 }
@@ -102,13 +128,71 @@ impl LogLayout {
         Ok(dir)
     }
 
-    /// Removes a temporary directory after a successful job.
-    pub fn cleanup(&self) {
-        if self.temporary
-            && let Err(e) = std::fs::remove_dir_all(&self.root)
-        {
-            tracing::debug!(dir = %self.root.display(), error = %e, "cannot remove the temporary log directory");
+    /// A hang or failure report named files in this directory: a
+    /// successful end keeps it.
+    pub fn mark_reported(&self) {
+        self.reported
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a hang or failure report named files in this directory.
+    pub fn reported(&self) -> bool {
+        self.reported.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// After a successful job: a temporary directory is removed, unless a
+    /// report names files in it, and so are the temporary directories this
+    /// run's earlier launches left when they were preempted.
+    pub fn finish(&self) -> Kept {
+        if !self.temporary {
+            return Kept::No;
         }
+        self.remove_preempted_launches();
+        if self.reported.load(std::sync::atomic::Ordering::Relaxed) {
+            return Kept::Reported(self.root.clone());
+        }
+        remove(&self.root);
+        Kept::No
+    }
+
+    /// After a clean preemption: marks a temporary directory for the
+    /// relaunch that finishes the run, unless a report names files in it.
+    pub fn mark_preempted(&self) {
+        if self.temporary && !self.reported.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = std::fs::write(self.root.join(PREEMPTED), b"");
+        }
+    }
+
+    /// `relaunch_RUN_*` beside this directory with the [`PREEMPTED`] mark:
+    /// what this run's earlier, preempted launches left (a directory of a
+    /// launch still running has no mark yet).
+    fn remove_preempted_launches(&self) {
+        let Some(parent) = self.root.parent() else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return;
+        };
+        let prefix = format!("relaunch_{}_", self.run_id);
+        for entry in entries.flatten() {
+            let path = entry.path();
+            // The prefix and the six hex digits `create` draws, exactly: run
+            // `a`'s must not take run `a_b`'s.
+            let name = entry.file_name();
+            let ours = name
+                .to_string_lossy()
+                .strip_prefix(&prefix)
+                .is_some_and(|rest| rest.len() == 6 && rest.bytes().all(|b| b.is_ascii_hexdigit()));
+            if ours && path != self.root && path.join(PREEMPTED).is_file() {
+                remove(&path);
+            }
+        }
+    }
+}
+
+fn remove(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::debug!(dir = %dir.display(), error = %e, "cannot remove a temporary log directory");
     }
 }
 
@@ -331,6 +415,39 @@ mod tests {
 
     /// Regression: the directory was created with the umask's mode (0755
     /// in /tmp), readable by every user of the node.
+    /// Issue 34: a success removed the directory its reports named, and
+    /// preempted launches' directories stayed in /tmp for good.
+    #[test]
+    fn a_success_keeps_what_reports_name_and_removes_preempted_launches() {
+        let run = format!("keep-{}", uuid::Uuid::new_v4().simple());
+        let preempted = LogLayout::create(None, &run).unwrap();
+        preempted.mark_preempted();
+        let running = LogLayout::create(None, &run).unwrap();
+        let reported = LogLayout::create(None, &run).unwrap();
+        reported.mark_reported();
+        reported.mark_preempted(); // no mark: its reports name files in it
+        assert!(!reported.root().join(PREEMPTED).exists());
+        let other_run = LogLayout::create(None, &format!("{run}_b")).unwrap();
+        other_run.mark_preempted();
+
+        assert_eq!(
+            reported.finish(),
+            Kept::Reported(reported.root().to_path_buf())
+        );
+        assert!(reported.root().is_dir());
+        assert!(!preempted.root().exists(), "an earlier preempted launch's");
+        assert!(
+            running.root().is_dir(),
+            "a launch still running has no mark"
+        );
+        assert!(other_run.root().is_dir(), "another run's");
+        assert_eq!(running.finish(), Kept::No);
+        assert!(!running.root().exists());
+        for dir in [reported.root(), other_run.root()] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+
     #[test]
     fn log_directories_are_new_and_private() {
         let parent = std::env::temp_dir().join(format!("relaunch-logs-{}", uuid::Uuid::new_v4()));
@@ -351,7 +468,7 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o700);
-        temporary.cleanup();
+        assert_eq!(temporary.finish(), Kept::No);
         assert!(!temporary.root().exists());
         std::fs::remove_dir_all(&parent).unwrap();
     }

@@ -192,7 +192,7 @@ pub struct RunArgs {
     #[arg(long, env = "PET_ROLE", default_value = "default")]
     pub role: String,
 
-    /// Directory for per-attempt, per-rank logs [default: a temporary one, kept on failure].
+    /// Directory for per-attempt, per-rank logs [default: a temporary one, kept on failure or while a report names it].
     #[arg(
         long = "log-dir",
         visible_alias = "log_dir",
