@@ -367,6 +367,8 @@ def test_save_file_snapshots_at_once_and_uploads_in_the_background(tracking_serv
 
     assert torch.load(state.path) == {"step": 7, "w": [1.0, 2.0]}
     assert not list((tmp_path / "spool").rglob("data"))  # nothing left waiting
+    # Issue 34: the spool kept an empty `.uploads` folder for good.
+    assert not list((tmp_path / "spool").rglob(".uploads")), sorted((tmp_path / "spool").rglob("*"))
 
 
 SAVER = """
@@ -399,3 +401,4 @@ def test_a_saved_file_outlives_its_process_and_is_uploaded_by_the_next(tracking_
     assert out.returncode == 0, out.stdout + out.stderr
     assert "uploaded weights.bin (2097152 bytes)" in out.stdout, out.stdout
     assert not list(spool.rglob(".uploads/*/data"))
+    assert not list(spool.rglob(".uploads")), sorted(spool.rglob("*"))

@@ -63,7 +63,16 @@ pub fn enqueue(
     }
     let uploads = local::run_dir(client_dir, &intent.run)?.join(UPLOADS);
     let dir = uploads.join(uuid::Uuid::new_v4().simple().to_string());
-    fs::create_dir_all(&dir).map_err(ClientError::io("create", &dir))?;
+    // `.uploads` goes when its last upload is done (see `ship`): one
+    // removed between making it and making `dir` in it is made again.
+    let mut made = fs::create_dir_all(&dir);
+    for _ in 0..3 {
+        match &made {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => made = fs::create_dir_all(&dir),
+            _ => break,
+        }
+    }
+    made.map_err(ClientError::io("create", &dir))?;
     let data = dir.join(DATA);
     let snapshot = if take {
         fs::rename(source, &data).or_else(|_| fs::copy(source, &data).map(drop))
@@ -167,6 +176,11 @@ pub async fn ship(client: &Client, dir: &Path) -> Result<Shipped, ClientError> {
     .await?;
     fs::remove_dir_all(dir).map_err(ClientError::io("remove", dir))?;
     drop(lock);
+    // The last upload takes `.uploads` with it (only an empty directory is
+    // removed: another pending upload keeps it).
+    if let Some(uploads) = dir.parent() {
+        let _ = fs::remove_dir(uploads);
+    }
     Ok(Shipped::Done(uploaded))
 }
 
