@@ -21,6 +21,16 @@ step's checkpoint; torchrun: the newest periodic one). Checked: relaunch
 exits 75 with a checkpoint of the step it stopped at. Medians over
 ``--repeat`` runs; results to stdout (markdown rows) and
 bench/out/frameworks.json.
+
+    .venv/bin/python bench/frameworks/run.py --matrix [--only lightning]
+
+The exactness matrix instead: each framework x {dropout 0.1, gradient
+accumulation 2, DataLoader workers 2} x {SIGTERM to the launcher, to every
+process, to one rank}. Each cell stops the job (2 ranks, 0.15 s steps)
+after rank 0's fourth batch, relaunches it to the end, and compares it with
+an uninterrupted run of the same configuration: the batches every rank
+trained, and rank 0's final parameters bit for bit (the target: every cell
+equal). Rows to stdout, bench/out/frameworks-matrix.json.
 """
 
 from __future__ import annotations
@@ -111,12 +121,81 @@ def one(framework: str, side: str, at: int, tmp: Path) -> dict:
             "lost": trained - saved}  # fmt: skip
 
 
+# The matrix's configurations (the workers' options) and stops.
+CONFIGS = {
+    "dropout 0.1": ["--dropout", "0.1"],
+    "accumulation 2": ["--dropout", "0", "--accumulate", "2"],
+    "DataLoader workers 2": ["--dropout", "0", "--workers", "2"],
+}
+STOPS = ["launcher", "every-process", "one-rank"]
+
+
+def matrix(frameworks: list[str]) -> dict:
+    """The exactness matrix (see the module's doc); a cell that fails says
+    why instead of stopping the others."""
+    sys.path.insert(0, str(ROOT / "python" / "tests"))
+    import torch
+    from frameworks import deliver, launch, reference_run, trace_lines, wait_for_steps
+
+    cells = {}
+    print("| framework | configuration | stop | stopped at | same batches | bitwise |")
+    print("|---|---|---|---:|---|---|")
+    for framework in frameworks:
+        worker = FRAMEWORKS[framework]
+        for config, extra in CONFIGS.items():
+            with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp_dir:
+                tmp = Path(tmp_dir)
+                (tmp / "ref").mkdir()
+                reference = reference_run(tmp / "ref", worker, *extra)
+                want = torch.load(reference / "params.pt")
+                for how in STOPS:
+                    case = tmp / how
+                    case.mkdir()
+                    out = case / "out"
+                    args = ["--nproc-per-node", "2", worker, out, *extra]
+                    cell: dict = {}
+                    try:
+                        job = launch(case, "first", *args, "--step-time", "0.15")
+                        wait_for_steps(job, out, 4)
+                        deliver(how, job)
+                        code, log = job.finish()
+                        found = re.search(r"stopped at step (\d+), each with its checkpoint", log)
+                        cell["first_exit"] = code
+                        cell["stopped_at"] = int(found.group(1)) if found else None
+                        code, log = launch(case, "second", *args).finish()
+                        cell["second_exit"] = code
+                        cell["same_batches"] = all(
+                            trace_lines(reference, r) == trace_lines(out, r) for r in range(2)
+                        )
+                        got = torch.load(out / "params.pt")
+                        diff = max((want[k] - got[k]).abs().max().item() for k in want)
+                        cell["max_abs_diff"] = diff
+                        cell["bitwise"] = all(torch.equal(want[k], got[k]) for k in want)
+                    except (AssertionError, OSError, KeyError) as e:
+                        cell["error"] = str(e)[-500:]
+                    cells[f"{framework} / {config} / {how}"] = cell
+                    exact = "yes" if cell.get("bitwise") else f"no ({cell.get('max_abs_diff')})"
+                    print(
+                        f"| {framework} | {config} | {how} | {cell.get('stopped_at')} | "
+                        f"{cell.get('same_batches')} | {exact} |",
+                        flush=True,
+                    )
+    equal = sum(1 for c in cells.values() if c.get("bitwise") and c.get("same_batches"))
+    print(f"\n{equal} of {len(cells)} cells bitwise equal to the uninterrupted run")
+    return cells
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", choices=sorted(FRAMEWORKS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--matrix", action="store_true", help="the exactness matrix")
     args = parser.parse_args()
+    if args.matrix:
+        cells = matrix([args.only] if args.only else list(FRAMEWORKS))
+        print(f"wrote {write_result('frameworks-matrix', cells)}")
+        return
     rng = random.Random(args.seed)
     results: dict[str, dict] = {}
     print("| framework | SIGTERM to exit: relaunch (exit 75) | torchrun | steps lost: relaunch "

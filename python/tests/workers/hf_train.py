@@ -2,9 +2,11 @@
 
 Usage: hf_train.py OUT [--epochs N] [--step-time S] [--workers N]
        [--signal-at STEP] [--hang-at STEP] [--crash-at STEP]
+       [--dropout P] [--accumulate N]
 
-A tiny BERT built from its config (one layer, hidden size 16, dropout on:
-the Trainer's checkpoints carry the RNG states) classifying 64 synthetic
+A tiny BERT built from its config (one layer, hidden size 16, dropout
+``--dropout``, 0.1 by default: the Trainer's checkpoints carry the RNG
+states; ``--accumulate``: ``gradient_accumulation_steps``) classifying 64 synthetic
 sequences, DDP on gloo over the launcher's ranks (``use_cpu=True``), the
 Trainer's own shuffling sampler, ``save_strategy="no"`` (only a stop saves),
 and ``resume_from_checkpoint`` from the newest checkpoint. The model's
@@ -96,6 +98,8 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
     parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--no-relaunch", action="store_true")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints")
     flags = parser.parse_args()
@@ -109,12 +113,15 @@ def main() -> None:
         intermediate_size=32,
         max_position_embeddings=16,
         num_labels=2,
+        hidden_dropout_prob=flags.dropout,
+        attention_probs_dropout_prob=flags.dropout,
     )
     model = Traced(config)
     model.out, model.flags = flags.out, flags
     args = TrainingArguments(
         output_dir=str(flags.out / "hf"),
         per_device_train_batch_size=4,
+        gradient_accumulation_steps=flags.accumulate,
         num_train_epochs=flags.epochs,
         learning_rate=1e-3,
         save_strategy="steps" if flags.save_every else "no",
