@@ -509,10 +509,11 @@ impl HangReport {
                 .copied()
                 .filter(|r| r.step == Some(low))
                 .collect();
-            if steps.len() == close.len() && behind.len() < close.len() {
-                if let Some(found) = only(behind, Evidence::Steps) {
-                    return Some(found);
-                }
+            if steps.len() == close.len()
+                && behind.len() < close.len()
+                && let Some(found) = only(behind, Evidence::Steps)
+            {
+                return Some(found);
             }
         }
         let outside: Vec<&Summary> = close
@@ -520,10 +521,10 @@ impl HangReport {
             .copied()
             .filter(|r| r.waits == Some(false))
             .collect();
-        if all.iter().any(|r| r.waits == Some(true)) {
-            if let Some(found) = only(outside, Evidence::Stacks) {
-                return Some(found);
-            }
+        if all.iter().any(|r| r.waits == Some(true))
+            && let Some(found) = only(outside, Evidence::Stacks)
+        {
+            return Some(found);
         }
         let sharing = |r: &Summary| {
             all.iter()
