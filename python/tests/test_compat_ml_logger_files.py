@@ -165,6 +165,32 @@ def test_read_metrics_reads_the_rows_back_as_ml_loggers_dataframes(tracking_serv
     two.job_completed(silent=True)
 
 
+def test_rows_logged_without_a_step_stay_rows_of_their_own(tracking_server, loggers):
+    """Issue 34: rows logged without a step (relaunch numbers them 0, 1,
+    2) merged into later rows logged with step 0, 1, 2, so metrics.pkl had
+    fewer rows than ml-logger's file."""
+    lg = loggers("alice/demo/rows", root=tracking_server.url)
+    for i in range(3):
+        lg.log(a=float(i), silent=True, flush=True)
+    for step in range(3):
+        lg.log(step=step, b=10.0 * step, silent=True, flush=True)
+    # The same step again: a row of its own, but the run keeps one value of
+    # a key per step, the last: the `step` of 1 goes with this row.
+    lg.log(step=1, c=5.0, silent=True, flush=True)
+    assert lg.load_pkl("metrics.pkl") == [
+        {"a": 0.0},
+        {"a": 1.0},
+        {"a": 2.0},
+        {"b": 0.0, "step": 0.0},
+        {"b": 10.0},
+        {"b": 20.0, "step": 2.0},
+        {"c": 5.0, "step": 1.0},
+    ]
+    frame = lg.read_metrics()["metrics.pkl"]
+    assert len(frame) == 7 and list(frame["b"].dropna()) == [0.0, 10.0, 20.0]
+    lg.job_completed(silent=True)
+
+
 def test_parameters_pkl_and_metrics_pkl_load_as_the_records_they_held(tracking_server, loggers):
     server = tracking_server
     lg = loggers("alice/demo/params", root=server.url)

@@ -154,7 +154,11 @@ class _ReadsMixin:
 
     def _history(self, run_id: str, scope: list[str]) -> pandas.DataFrame | None:
         """The metrics of ``run_id`` under ``scope`` (keys without it), a row
-        per (step, rank) in that order, a column per key; None when none."""
+        per row logged (one ``run.log`` record: its points share their wall
+        time), in the order logged, indexed by (step, rank), a column per
+        key; None when none. Rows are never merged by step: one logged
+        without a step (numbered by relaunch) and a later one logged with
+        that step are two rows, as in ml-logger's file."""
         import relaunch
 
         api = relaunch.Api(self._server, _token(self._token), timeout=self.timeout)
@@ -176,8 +180,10 @@ class _ReadsMixin:
             if long.empty:
                 return None
         long = long.assign(key=keys.to_numpy())
-        long = long.drop_duplicates(["step", "rank", "key"], keep="last")
-        wide = long.pivot(index=["step", "rank"], columns="key", values="value").sort_index()
+        long = long.drop_duplicates(["wall", "step", "rank", "key"], keep="last")
+        index = ["wall", "step", "rank"]
+        wide = long.pivot(index=index, columns="key", values="value").sort_index()
+        wide = wide.reset_index(level="wall", drop=True)
         wide.columns.name = None
         return wide
 
@@ -416,7 +422,7 @@ class _ReadsMixin:
     ):
         """The rows logged into ``path`` (a glob reads every match) as pandas:
         without keys, ``{path: DataFrame}`` (a column per metric, a row per
-        logged row, in step order); with keys, the rows that have them
+        logged row, in the order logged); with keys, the rows that have them
         (NaN dropped), grouped by their number (the k-th such row of each
         file together) or by ``x_key`` bins (``num_bins`` by value, else bins
         of ``bin_size`` distinct values) across the files: ``"loss"`` gives an
