@@ -28,7 +28,6 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
     AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, recv, sendmsg, socketpair,
 };
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
@@ -412,6 +411,30 @@ impl Warm {
 /// How long a dropped zygote, killed, may take to be reaped.
 const REAP_PATIENCE: Duration = Duration::from_secs(5);
 
+/// How a warm worker ended, if it has; `None` while it runs. Read raw
+/// (rustix): nix's `waitpid` fails with EINVAL on a death by a signal its
+/// `Signal` cannot name (a real-time one, such as the stack-dump signal
+/// reaching a process without its handler), and the exit was lost.
+fn exited(pid: Pid) -> Option<ExitKind> {
+    let raw = rustix::process::Pid::from_raw(pid.as_raw())?;
+    match rustix::process::waitpid(Some(raw), rustix::process::WaitOptions::NOHANG) {
+        Ok(Some((_, status))) => {
+            if let Some(code) = status.exit_status() {
+                Some(ExitKind::Code(code))
+            } else {
+                // Stopped and continued are not asked for (no WUNTRACED):
+                // anything else reported is a death by a signal.
+                Some(ExitKind::Signal(status.terminating_signal().unwrap_or(-1)))
+            }
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(%pid, error = %e, "cannot wait for a warm worker");
+            Some(ExitKind::Code(-1))
+        }
+    }
+}
+
 /// Waits for a worker the zygote forked (this process's child by
 /// reparenting, so not a `tokio::process::Child`) to exit.
 pub async fn wait(pid: Pid) -> ExitKind {
@@ -421,14 +444,8 @@ pub async fn wait(pid: Pid) -> ExitKind {
     let mut children = signal(SignalKind::child()).ok();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
-        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(_, code)) => return ExitKind::Code(code),
-            Ok(WaitStatus::Signaled(_, signal, _)) => return ExitKind::Signal(signal as i32),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(%pid, error = %e, "cannot wait for a warm worker");
-                return ExitKind::Code(-1);
-            }
+        if let Some(exit) = exited(pid) {
+            return exit;
         }
         match children.as_mut() {
             Some(stream) => {
@@ -441,5 +458,33 @@ pub async fn wait(pid: Pid) -> ExitKind {
                 tick.tick().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 34: a warm worker killed by a real-time signal (the stack-dump
+    /// signal, reaching it before its handler) was lost to EINVAL: "cannot
+    /// wait for a warm worker", and the exit reported as code -1.
+    #[tokio::test]
+    #[allow(unsafe_code)]
+    async fn a_death_by_a_real_time_signal_is_collected_with_its_number() {
+        let child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+        let number = nix::libc::SIGRTMIN() + 7;
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+        assert_eq!(unsafe { nix::libc::kill(pid.as_raw(), number) }, 0);
+        assert_eq!(wait(pid).await, ExitKind::Signal(number));
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap());
+        assert_eq!(wait(pid).await, ExitKind::Code(3));
     }
 }
