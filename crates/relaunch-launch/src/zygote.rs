@@ -470,6 +470,9 @@ mod tests {
     /// wait for a warm worker", and the exit reported as code -1.
     #[tokio::test]
     #[allow(unsafe_code)]
+    // The children are reaped by `wait(pid)`, the code under test, not by
+    // `Child::wait`.
+    #[allow(clippy::zombie_processes)]
     async fn a_death_by_a_real_time_signal_is_collected_with_its_number() {
         let child = std::process::Command::new("sleep")
             .arg("60")
