@@ -20,7 +20,7 @@ from frameworks import (
     reference_run,
     stop_and_resume,
 )
-from test_launch_tracking import get
+from test_launch_tracking import events, get
 
 pytest.importorskip("transformers")
 
@@ -45,7 +45,39 @@ def test_trainer_metrics_reach_the_run_once_and_failures_are_handled(
     tracking_server, reference, tmp_path
 ):
     logged_once_across_a_preemption(tracking_server, tmp_path, TRAIN, "hf-job")
+    whole_run_summary_is_the_runs(tracking_server, tmp_path / "out")
     config = get(tracking_server, "/runs/hf-job")["config"]
     assert config["args"]["per_device_train_batch_size"] == 4, config
     assert config["model"]["hidden_size"] == 16, config
     hang_and_crash_are_handled(reference, tmp_path, TRAIN, r"forward, hf_train\.py")
+
+
+def whole_run_summary_is_the_runs(server, out: Path) -> None:
+    """Issue 34: the Trainer's end-of-training summary of the stopped
+    attempt (its own steps) went into the run's metrics beside the resumed
+    attempt's (the rest), and neither was the run's. Now the stopped
+    attempt's is an event of it, and the run has one summary: the loss
+    averaged over every step of both attempts, the runtimes added up."""
+    points = {}
+    for attempt in range(2):
+        for key in ("train_loss", "train_runtime", "loss"):
+            series = get(
+                server, "/runs/hf-job/series", key=key, rank=0, attempt=attempt, buckets=100000
+            )
+            points[key, attempt] = [(p["step"], p["value"]) for p in series["points"]]
+    assert points["train_loss", 0] == [] and len(points["train_loss", 1]) == 1, points
+    stopped = [e for e in events(server, "hf-job") if e["kind"] == "summary"]
+    assert len(stopped) == 1 and stopped[0]["attempt"] == 0, stopped
+    first = stopped[0]["data"]
+    assert "not the run's" in stopped[0]["text"], stopped
+    (step, train_loss) = points["train_loss", 1][0]
+    assert step == 24, points
+    # The Trainer's own loss of each step (logging_steps=1), of both
+    # attempts: their mean is the whole run's train_loss.
+    losses = [v for a in range(2) for _, v in points["loss", a]]
+    assert len(losses) == 24, points
+    assert abs(train_loss - sum(losses) / 24) < 1e-3, (train_loss, losses)
+    (_, runtime) = points["train_runtime", 1][0]
+    assert runtime > first["train_runtime"] > 0, (runtime, first)
+    stop = max(int(p.name.split("-")[1]) for p in (out / "hf").glob("checkpoint-*"))
+    assert (out / "hf" / f"checkpoint-{stop}" / "relaunch_summary.json").is_file()
