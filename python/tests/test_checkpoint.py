@@ -72,7 +72,11 @@ def save_files(ckpt: Checkpointer, step: int, **kwargs: object) -> Path | None:
 
 
 def entries(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
+    """What ``directory`` holds; nothing when it is not there (yet)."""
+    try:
+        return sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
 
 
 # --- crash consistency -------------------------------------------------------------
@@ -150,8 +154,18 @@ def test_sigkill_at_random_instants_never_loses_a_commit_or_tears_a_file(
     newest = -1
     killed_mid_save = 0
     kept = 0  # committed checkpoints on disk after the previous kill
+    # The kill lands at a random instant of a child's life, drawn over about
+    # two and a half of its saves: the seconds a child takes per commit are
+    # measured as the test goes (never under 0.04), so a loaded machine,
+    # whose saves are slower, is killed mid-save as often as an idle one.
+    # A fixed 0-100 ms left most kills before the first save under two CPU
+    # hogs (1 kill mid-save of 110).
+    pace, lived, commits = 0.04, 0.0, 0
     for kill in range(KILLS):
-        committed = zygote.run_and_kill(directory, rng.uniform(0.0, 0.1))
+        delay = rng.uniform(0.0, 2.5 * pace)
+        committed = zygote.run_and_kill(directory, delay)
+        lived, commits = lived + delay, commits + len(committed)
+        pace = max(0.04, lived / max(1, commits))
         acknowledged = max([acknowledged, *committed])
         # keep_last=1: a reported commit was pruned down to itself before it was
         # reported, and a kill between a later commit and its prune adds one more.
