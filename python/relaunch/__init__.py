@@ -28,6 +28,7 @@ from relaunch.tracking import Run, init
 # Under `relaunch run`: the launcher can ask this rank for its stacks on a
 # hang (a no-op elsewhere).
 _stacks.install()
+_stacks.beat_at_exit()
 
 if TYPE_CHECKING:
     from relaunch.api import Api

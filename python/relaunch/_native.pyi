@@ -90,6 +90,7 @@ def heartbeat(step: int | None = None) -> None:
     too). Does nothing outside ``relaunch run``."""
 
 def claim_stack_signal(pid: int, signal: int) -> bool: ...
+def beat_while_exiting(seconds: float) -> None: ...
 
 class ServerApi:
     """``/api/v1`` calls the Python API has no function for, through

@@ -54,3 +54,27 @@ def install() -> bool:
         return False
     _file = out
     return True
+
+
+# How long a rank's exit beats at most: an interpreter that takes longer to
+# finish after its script ended is stuck, and the hang detection says so.
+EXIT_BEATS_SECONDS = 60.0
+
+
+def beat_at_exit() -> None:
+    """Beats, from a native thread, while this rank's interpreter finishes
+    after its script ended (at most :data:`EXIT_BEATS_SECONDS`): the
+    finalization of a large heap of modules takes seconds on a loaded
+    machine, and a finished rank is not a hung one. Registered to run
+    first at exit (``threading``'s exit hooks run before the wait for
+    threads and the ``atexit`` functions); a no-op outside ``relaunch
+    run`` and in every process but the rank's own (a DataLoader worker)."""
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+    try:
+        register(_native.beat_while_exiting, EXIT_BEATS_SECONDS)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass

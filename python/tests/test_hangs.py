@@ -453,3 +453,28 @@ def test_a_rank_shipping_to_a_slow_server_in_finish_beats_and_one_that_ships_not
         assert "hang in attempt 0" in console, console
     finally:
         relay.close()
+
+
+SLOW_EXIT = """
+import atexit, time
+import relaunch
+atexit.register(time.sleep, 6)  # an interpreter that takes long to finish
+for step in range(5):
+    relaunch.heartbeat(step)
+    time.sleep(0.1)
+"""
+
+
+def test_a_rank_whose_interpreter_takes_long_to_finish_is_not_called_hung(tmp_path):
+    """Issue 34 (seen in CI: a warm-restarted accelerate job whose ranks had
+    finished training was reported hung at its last step, with no stacks:
+    the dump signal killed interpreters that were finalizing). A rank's exit
+    beats from a native thread for up to a minute."""
+    script = tmp_path / "slow_exit.py"
+    script.write_text(SLOW_EXIT)
+    code, console = run(
+        ["--nproc-per-node", "2", "--max-restarts", "0", "--hang-timeout", "3", script],
+        env_with(),
+    )
+    assert code == 0, console
+    assert "hang" not in console, console

@@ -29,6 +29,33 @@ fn claim_stack_signal(pid: u32, signal: i32) -> bool {
     relaunch_client::beat::this_process().is_some_and(|b| b.claim_dump_signal(pid, signal))
 }
 
+/// At this process's exit: beats from a thread of its own, which needs no
+/// Python, for at most `seconds`, so that a rank whose interpreter takes
+/// long to finish after its script ended (a loaded machine, a large heap of
+/// modules to tear down) is not taken for a hung one; an exit stuck longer
+/// still is. Only in the rank's own process (the one that claimed its stack
+/// signal): a DataLoader worker's exit must not beat for its rank.
+#[pyfunction]
+fn beat_while_exiting(seconds: f64) {
+    let Some(beats) = relaunch_client::beat::this_process() else {
+        return;
+    };
+    let ours = beats
+        .read()
+        .dump
+        .is_some_and(|(pid, _)| pid == std::process::id());
+    if !ours || !seconds.is_finite() || seconds <= 0.0 {
+        return;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(seconds);
+    std::thread::spawn(move || {
+        while std::time::Instant::now() < until {
+            beats.beat(None);
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    });
+}
+
 /// Each server of a comma-separated list (`RELAUNCH_SERVER`'s syntax),
 /// normalized as relaunch's client uses them; a bad one raises
 /// `TrackingConfigError` saying which and why.
@@ -54,7 +81,7 @@ mod _native {
     #[pymodule_export]
     use super::transfer::{download_file, upload_file};
     #[pymodule_export]
-    use super::{claim_stack_signal, heartbeat, server_list};
+    use super::{beat_while_exiting, claim_stack_signal, heartbeat, server_list};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
