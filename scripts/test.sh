@@ -34,12 +34,12 @@ install_relaunch
 # output follows the main pytest's. The framework integration tests
 # (Lightning, transformers, accelerate: small 2-rank jobs that mostly
 # import and wait on their step times and signals) and the DCP jobs run
-# after them there.
+# after them there, and the Checkpointer loops' exact-resume jobs.
 BACKGROUND_TESTS=(
     python/tests/test_slurm.py python/tests/test_slurm_nodes.py
     python/tests/test_integration_lightning.py python/tests/test_integration_transformers.py
     python/tests/test_integration_accelerate.py python/tests/test_framework_examples.py
-    python/tests/test_dcp.py
+    python/tests/test_dcp.py python/tests/test_checkpoint_rng.py
 )
 SLURM_PYTEST_PID=""
 if [ $# -eq 0 ]; then

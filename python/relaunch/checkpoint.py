@@ -66,6 +66,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -75,7 +76,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from relaunch import _native
+from relaunch import _native, _rng
 from relaunch._checkpoint_agree import (
     ENV_STORE,
     Coordinator,
@@ -118,6 +119,12 @@ __all__ = ["Checkpoint", "CheckpointError", "Checkpointer"]
 
 STRATEGIES = ("sync_any", "sync_all", "async")
 
+# Each rank's random generators, saved with every checkpoint (``rng=True``).
+RNG_FILE = "rng_state.{rank}.json"
+_RNG_NAME = re.compile(r"rng_state\.\d+\.json")
+# Whether this process said that a resume leaves the generators alone.
+_RNG_SAID = False
+
 # Temporary directories this process is writing, which no Checkpointer of
 # this process cleans up as stale.
 _IN_PROGRESS: set[str] = set()
@@ -144,6 +151,7 @@ class _Save:
         self.metadata = metadata
         self.path: Path | None = None
         self.checkpoint: Checkpoint | None = None
+        self.rng: str | None = None  # the random generators as of entering, as JSON
         self._round = -1
         self._decision: Decision | None = None
         self.tier: Tier | None = None
@@ -203,6 +211,13 @@ class Checkpointer:
       running under ``relaunch run --server`` (``RELAUNCH_SERVER`` and
       ``RELAUNCH_RUN_ID`` set). :meth:`close` and the interpreter's exit wait
       for the upload in flight, at most ``RELAUNCH_EXIT_TIMEOUT`` seconds.
+    - ``rng``: save each rank's random generators with every checkpoint
+      (file ``rng_state.RANK.json``: torch CPU and CUDA, numpy, Python's
+      ``random``, and the state a DataLoader's base seed was drawn from when
+      the save falls inside an epoch) and put them back in :meth:`latest`,
+      so that the resumed steps draw what an uninterrupted run would
+      (dropout, augmentation, shuffling). ``rng=False`` leaves the
+      generators alone and says so once at resume.
 
     Forced checkpoints, the newest and those retention keeps are never
     deleted; rank 0 prunes the rest only after a new checkpoint is committed.
@@ -225,6 +240,7 @@ class Checkpointer:
         timeout: float = DEFAULT_TIMEOUT,
         ship: bool | None = None,
         memory_every: int | None = None,
+        rng: bool = True,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(
@@ -241,6 +257,14 @@ class Checkpointer:
                 "checkpoints: without it every save goes to disk and none to memory"
             )
         self.strategy = strategy
+        if not isinstance(rng, bool):
+            raise TypeError(
+                f"rng must be a bool (save and restore the random generators), "
+                f"not {type(rng).__name__}"
+            )
+        self.rng = rng
+        if rng:
+            _rng.loop_seeds()  # watches DataLoader iterators from now on
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
@@ -420,7 +444,47 @@ class Checkpointer:
         newest, found = self._newest(verify == "full", 3)
         if self._memory is not None and self.rank == 0:
             _say_resume(newest, found)
+        if newest is not None:
+            self._restore_rng(newest)
         return newest
+
+    def _restore_rng(self, checkpoint: Checkpoint) -> None:
+        """Puts back this rank's random generators as saved with
+        ``checkpoint`` (see ``rng``), or says once why they are not."""
+        global _RNG_SAID
+        name = RNG_FILE.format(rank=self.rank)
+        saved = sorted(n for n in checkpoint.files if _RNG_NAME.fullmatch(n))
+        why = None
+        if not self.rng:
+            why = "rng=False"
+        elif not saved:
+            why = (
+                f"checkpoint {checkpoint.path} holds none (saved with rng=False or by an "
+                "earlier relaunch)"
+            )
+        elif len(saved) != self.world_size or name not in saved:
+            why = (
+                f"checkpoint {checkpoint.path} holds those of {len(saved)} rank(s), this job "
+                f"has {self.world_size} (resume on as many ranks for an exact resume)"
+            )
+        if why is not None:
+            if self.rank == 0 and not _RNG_SAID:
+                _RNG_SAID = True
+                warnings.warn(
+                    f"relaunch.Checkpointer: the random generators are not restored: {why}; "
+                    "the resumed steps draw other random numbers (dropout masks, "
+                    "augmentations) than an uninterrupted run",
+                    stacklevel=3,
+                )
+            return
+        state, loader = _rng.from_json(
+            (checkpoint.path / name).read_text(), str(checkpoint.path / name)
+        )
+        seeds = _rng.loop_seeds()
+        if seeds is None:
+            _rng.restore(state)
+        else:
+            seeds.resume(state, loader)
 
     def _newest(self, full: bool, stacklevel: int) -> tuple[Checkpoint | None, list[Checkpoint]]:
         found = []
@@ -525,6 +589,8 @@ class Checkpointer:
                     f"a save of step {self._active.step} is still open; leave its with-block first"
                 )
             self._active = save
+        if self.rng and _rng.loop_seeds() is not None:
+            _rng.loop_seeds().disarm()  # the resumed steps are under way
         try:
             wants = self._wants(save.step, save.force)
             if self._coordinated:
@@ -553,6 +619,11 @@ class Checkpointer:
             _IN_PROGRESS.add(str(tmp))
             tmp.mkdir(exist_ok=True)
             save.path = tmp
+            if self.rng:
+                # As of the step's end, before the with-block (or a save in
+                # the background) runs; written at the commit.
+                seeds = _rng.loop_seeds()
+                save.rng = _rng.to_json(_rng.capture(), None if seeds is None else seeds.at_save())
         except BaseException:
             self._active = None
             raise
@@ -571,6 +642,12 @@ class Checkpointer:
         full, on any rank): skipped with a warning, the one before it kept,
         the error (``exc`` too) not raised."""
         memory = save.tier is not None and save.tier is self._memory
+        own: BaseException | None = None
+        if exc is None and save.rng is not None and save.path is not None:
+            try:
+                (save.path / RNG_FILE.format(rank=self.rank)).write_text(save.rng)
+            except Exception as e:
+                exc = own = e
         try:
             self._commit_or_abort(save, exc, memory)
         except BaseException as e:
@@ -578,6 +655,8 @@ class Checkpointer:
                 self._warn_tier_full(e)
                 return True
             raise
+        if own is not None:
+            raise own
         if memory:
             self._tier_full_warned = False
         return False

@@ -258,7 +258,10 @@ def test_three_ranks_agree_on_saving_and_commit_every_ranks_files(
     assert ckpt.committed_steps() == [0, 10, 13, 20]
     latest = ckpt.latest(verify="full")
     assert latest is not None and latest.step == 20
-    assert sorted(latest.files) == ["rank0.bin", "rank1.bin", "rank2.bin"]
+    assert sorted(latest.files) == [
+        "rank0.bin", "rank1.bin", "rank2.bin",
+        "rng_state.0.json", "rng_state.1.json", "rng_state.2.json",
+    ]  # fmt: skip
     assert latest.manifest["world_size"] == 3
     forced = [s for s in ckpt.committed_steps() if _forced(tmp_path / "any", s)]
     assert forced == [13]
@@ -321,7 +324,9 @@ def test_under_relaunch_run_ranks_agree_through_the_launchers_store(tmp_path: Pa
     ckpt = Checkpointer(directory)
     assert ckpt.committed_steps() == [0, 3, 4, 6, 9]
     latest = ckpt.latest(verify="full")
-    assert latest is not None and sorted(latest.files) == ["rank0.txt", "rank1.txt"]
+    assert latest is not None and sorted(latest.files) == [
+        "rank0.txt", "rank1.txt", "rng_state.0.json", "rng_state.1.json"
+    ]  # fmt: skip
     assert (latest.path / "rank1.txt").read_text() == "1 9\n"
 
 
@@ -360,7 +365,7 @@ def test_commit_layout_and_manifest(tmp_path: Path) -> None:
     assert path == tmp_path / "step_00000007"
     assert entries(tmp_path) == ["latest", "step_00000007"]
     assert os.readlink(tmp_path / "latest") == "step_00000007"
-    assert entries(path) == ["data.bin", "manifest.json", "model.pt"]
+    assert entries(path) == ["data.bin", "manifest.json", "model.pt", "rng_state.0.json"]
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["step"] == 7 and manifest["world_size"] == 1
     assert manifest["metrics"] == {"loss": 0.5} and manifest["metadata"] == {"epoch": 2}

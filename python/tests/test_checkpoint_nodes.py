@@ -619,7 +619,9 @@ def test_two_nodes_resume_from_a_whole_snapshot_each_reads_every_file(
         assert [c.step for c in found] == [3, 3] and [c.tier for c in found] == ["memory"] * 2
         for checkpoint in found:
             assert (checkpoint.path / "model.pt").read_bytes() == (3).to_bytes(4, "little") * 1000
-            assert sorted(checkpoint.files) == ["model.pt", "rank0.pt", "rank1.pt"]
+            assert sorted(checkpoint.files) == [
+                "model.pt", "rank0.pt", "rank1.pt", "rng_state.0.json", "rng_state.1.json"
+            ]  # fmt: skip
         # Saving on drops the whole snapshot put together, keeps the parts.
         assert second.save(4) == []
         assert not found[1].path.exists()

@@ -934,7 +934,13 @@ def test_reports_name_files_that_outlive_the_job_and_preempted_logs_go_with_the_
     env = {**os.environ, "TMPDIR": str(temp)}
     common = ["--nproc-per-node", "2", "--run-id", "keep", "--max-restarts", "1", script, tmp_path]
     job = launcher(*common, "stop", env=env)
-    wait_for(lambda: (tmp_path / "step.1").exists(), 120, "the job to be under way")
+    # Both ranks past their import of relaunch.preemption, which installs
+    # the handlers: a rank still importing would die of the SIGTERM.
+    wait_for(
+        lambda: all((tmp_path / f"step.{rank}").exists() for rank in (0, 1)),
+        120,
+        "both ranks to be under way",
+    )
     job.send_signal(signal.SIGTERM)
     code, _, err = finish(job, timeout=120)
     assert code == 75, err

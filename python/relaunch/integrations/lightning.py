@@ -251,7 +251,7 @@ class RelaunchCallback(Callback):
         if "rng" not in state_dict:
             warnings.warn(
                 "RelaunchCallback: this checkpoint holds no random generator states (written "
-                "without RelaunchCallback, or by a relaunch before 0.x): the resumed steps draw "
+                "without RelaunchCallback, or by an earlier relaunch): the resumed steps draw "
                 "other random numbers (dropout masks, augmentations) than an uninterrupted run",
                 stacklevel=2,
             )
