@@ -1,6 +1,6 @@
 """The launcher benchmark: `relaunch run` against `torchrun`, same job, same run.
 
-    .venv/bin/python bench/launch/run.py [--repeat 5] [--nproc 8]
+    .venv/bin/python bench/launch/run.py [--repeat 5] [--nproc 8] [--also NAME=BINARY]
 
 Two figures, each the median of `--repeat` alternating runs:
 - launcher overhead: wall time of `LAUNCHER --nproc-per-node 8 --no-python true`
@@ -10,7 +10,8 @@ Two figures, each the median of `--repeat` alternating runs:
 relaunch is measured as users run it (the native `relaunch` command the
 wheel installs) and through Python (`python -m relaunch`, which starts an
 interpreter and imports the package first). The ratio is relaunch's
-advantage.
+advantage. ``--also NAME=BINARY`` times another ``relaunch`` binary (an
+earlier build) in the same alternating runs, to compare builds.
 """
 
 from __future__ import annotations
@@ -83,11 +84,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--nproc", type=int, default=8)
+    p.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="NAME=BINARY",
+        help="another relaunch binary (an earlier build) timed in the same runs",
+    )
     a = p.parse_args()
+    also = {}
+    for spec in a.also:
+        name, sep, binary = spec.partition("=")
+        if not sep or not name or not Path(binary).is_file():
+            p.error(f"--also wants NAME=BINARY, the path of a relaunch binary; got {spec!r}")
+        also[name] = [binary, "run"]
 
     launchers = {
         "relaunch": [str(BIN / "relaunch"), "run"],
         "python -m relaunch": [sys.executable, "-m", "relaunch", "run"],
+        **also,
         "torchrun": [shutil.which("torchrun", path=str(BIN)) or "torchrun"],
     }
     rows = []
@@ -97,7 +112,7 @@ def main() -> None:
             for k, cmd in launchers.items():
                 samples[k].append(fn(cmd, a.nproc))
         med = {k: statistics.median(v) for k, v in samples.items()}
-        for k in ["relaunch", "python -m relaunch"]:
+        for k in ["relaunch", "python -m relaunch", *also]:
             ratio = med["torchrun"] / med[k]
             rows.append((f"{name}, {a.nproc} workers", k, med[k], med["torchrun"], ratio))
             print(
