@@ -462,13 +462,15 @@ class Checkpointer:
                 f"checkpoint {checkpoint.path} holds none (saved with rng=False or by an "
                 "earlier relaunch)"
             )
-        elif len(saved) != self.world_size or name not in saved:
+        elif self._coordinated and (len(saved) != self.world_size or name not in saved):
             why = (
                 f"checkpoint {checkpoint.path} holds those of {len(saved)} rank(s), this job "
                 f"has {self.world_size} (resume on as many ranks for an exact resume)"
             )
+        elif name not in saved:  # strategy="async": another rank saved it alone
+            why = f"checkpoint {checkpoint.path} holds none of rank {self.rank}"
         if why is not None:
-            if self.rank == 0 and not _RNG_SAID:
+            if (self.rank == 0 or not self._coordinated) and not _RNG_SAID:
                 _RNG_SAID = True
                 warnings.warn(
                     f"relaunch.Checkpointer: the random generators are not restored: {why}; "

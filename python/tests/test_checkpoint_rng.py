@@ -118,3 +118,10 @@ def test_two_ranks_each_resume_their_own_generators(tmp_path):
     got = params(out)
     reference = params(tmp_path / "ref")
     assert differs(reference, got) == 0.0, f"max abs diff {differs(reference, got)}"
+
+
+def test_rng_takes_a_bool(tmp_path):
+    import relaunch
+
+    with pytest.raises(TypeError, match=r"rng must be a bool .* not str"):
+        relaunch.Checkpointer(tmp_path, rng="yes")
