@@ -191,6 +191,34 @@ def test_rows_logged_without_a_step_stay_rows_of_their_own(tracking_server, logg
     lg.job_completed(silent=True)
 
 
+def test_text_values_are_read_back_in_their_rows(tracking_server, loggers):
+    """Issue 34: read_metrics() and load_pkl("metrics.pkl") dropped the
+    strings of a row (ml-logger's file keeps them)."""
+    lg = loggers("alice/demo/texts", root=tracking_server.url)
+    lg.log(step=0, loss=1.0, phase="train", silent=True, flush=True)
+    lg.log(step=1, loss=0.5, phase="eval", silent=True, flush=True)
+    lg.log(note="a row of text alone", silent=True, flush=True)
+    lg.log(step=2, loss=0.25, silent=True, flush=True)
+    with lg.Prefix("eval"):
+        lg.log(step=2, acc=0.5, split="val", silent=True, flush=True)
+    assert lg.load_pkl("metrics.pkl") == [
+        {"loss": 1.0, "phase": "train", "step": 0.0},
+        {"loss": 0.5, "phase": "eval", "step": 1.0},
+        {"note": "a row of text alone"},
+        {"loss": 0.25, "step": 2.0},
+        {"eval/acc": 0.5, "eval/split": "val", "eval/step": 2.0},
+    ]
+    with lg.Prefix("eval"):
+        assert lg.load_pkl("metrics.pkl") == [{"acc": 0.5, "split": "val", "step": 2.0}]
+    frame = lg.read_metrics()["metrics.pkl"]
+    assert list(frame["phase"].dropna()) == ["train", "eval"]
+    assert frame["loss"].dtype == float and list(frame["loss"].dropna()) == [1.0, 0.5, 0.25]
+    # A key gives an array per row group; text has no @median.
+    phases = lg.read_metrics("phase")
+    assert [list(group) for group in phases] == [["train"], ["eval"]]
+    lg.job_completed(silent=True)
+
+
 def test_parameters_pkl_and_metrics_pkl_load_as_the_records_they_held(tracking_server, loggers):
     server = tracking_server
     lg = loggers("alice/demo/params", root=server.url)

@@ -172,6 +172,7 @@ class ML_Logger(_MetricsMixin, _TextMixin, _FilesMixin, _Defaults):
         self._texts: dict[str, _TextFile] = {}
         self._text_dir: str | None = None
         self._kv: dict[object, dict[str, int | float]] = {}
+        self._last_row_step = 0  # the step the last row with numbers was logged at
         self._summary_opts = dict(summary_cache_opts or {})
         _SummaryCache(**self._summary_opts)  # bad options fail here, not at the first store
         self._summaries: dict[object, _SummaryCache] = {}

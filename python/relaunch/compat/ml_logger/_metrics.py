@@ -1,6 +1,7 @@
 """Metrics: the row that ``log``/``log_metrics`` build and ``flush`` logs as
 one ``run.log`` (its numbers; its text goes to the printed table and the
-run's text file), and the stored values that ``log_metrics_summary`` turns
+run's text file, and as a ``ROW_TEXTS`` event of the run, which reads put
+back into the row), and the stored values that ``log_metrics_summary`` turns
 into one row of stats."""
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from relaunch.errors import TrackingConfigError
 from ._names import _file_scope
 from ._summary import _SummaryCache, summary_stats
 from ._text import _row_line, _row_table
-from ._values import _json_row, _metric_row, _numbers, _step_of, _texts
+from ._values import _json_row, _metric_row, _numbers, _Shown, _step_of, _texts
+
+# The event that keeps a metrics row's text values (strings and other
+# objects that are not numbers), so that reading the run's metrics back
+# gives them in their row: ``data`` is ``{"step", "rank", "texts": {key:
+# text}, "alone"}``, ``step`` the one the row's numbers were logged at
+# (``alone``: a row without numbers, placed at the event's time).
+ROW_TEXTS = "ml-logger.row-texts"
 
 
 class _MetricsMixin:
@@ -94,9 +102,24 @@ class _MetricsMixin:
             )
         key_prefix = "".join(f"{p}/" for p in [*sub, *_file_scope(file)])
         metrics = _numbers(row)
+        logged_at = None
         if metrics:
             step = _step_of(metrics)
-            self._ensure_run().log({key_prefix + k: v for k, v in metrics.items()}, step=step)
+            logged_at = self._ensure_run().log(
+                {key_prefix + k: v for k, v in metrics.items()}, step=step
+            )
+            self._last_row_step = logged_at
+        texts = {
+            key_prefix + k: v.data
+            for k, v in row.items()
+            if isinstance(v, _Shown) and v.number is None
+        }
+        if texts and not as_text:
+            run = self._ensure_run()
+            alone = logged_at is None
+            step = self._last_row_step if alone else logged_at
+            data = {"step": step, "rank": run.rank, "texts": texts, "alone": alone}
+            run.event(ROW_TEXTS, "", data=data)
         self._kv.pop(cache, None)
         if as_text:
             self._write_text(file, json.dumps(_json_row(row)) + "\n")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from relaunch.errors import TrackingConfigError
 
 from ._api import _Api, _token
+from ._metrics import ROW_TEXTS
 from ._names import (
     _file_name,
     _file_scope,
@@ -98,6 +99,39 @@ def _after_removals(long: pandas.DataFrame, events: list[dict]) -> pandas.DataFr
             hidden &= keys.str.startswith(scope + "/")
         long, keys = long[~hidden], keys[~hidden]
     return long
+
+
+def _row_texts(events: list[dict], long: pandas.DataFrame) -> pandas.DataFrame:
+    """The text values of the metrics rows (``ROW_TEXTS`` events) in
+    ``long``'s layout, each at the wall time of the row its numbers were
+    logged in (the newest of its step and rank logged before the event),
+    or at its own for a row without numbers."""
+    import pandas
+
+    rows = []
+    for event in events:
+        data = event.get("data")
+        if event.get("kind") != ROW_TEXTS or not isinstance(data, dict):
+            continue
+        texts, step, rank = data.get("texts"), data.get("step"), data.get("rank")
+        if not isinstance(texts, dict) or not isinstance(step, int) or not isinstance(rank, int):
+            continue
+        wall, alone = float(event["wall"]), bool(data.get("alone"))
+        rows.extend((wall, step, rank, str(key), value, alone) for key, value in texts.items())
+    columns = ["wall", "step", "rank", "key", "value", "alone"]
+    texts_long = pandas.DataFrame(rows, columns=columns)
+    if texts_long.empty or long.empty:
+        return texts_long.drop(columns="alone")
+    logged = long[["wall", "step", "rank"]].drop_duplicates().rename(columns={"wall": "row"})
+    logged = logged.astype({"step": "int64", "rank": "int64"}).sort_values("row")
+    attached = texts_long[~texts_long["alone"]].astype({"step": "int64", "rank": "int64"})
+    attached = pandas.merge_asof(
+        attached.sort_values("wall"), logged, left_on="wall", right_on="row",
+        by=["step", "rank"], direction="backward",
+    )  # fmt: skip
+    attached["wall"] = attached["row"].fillna(attached["wall"])
+    out = pandas.concat([attached.drop(columns="row"), texts_long[texts_long["alone"]]])
+    return out.drop(columns="alone")
 
 
 class _ReadsMixin:
@@ -167,23 +201,28 @@ class _ReadsMixin:
         except LookupError:
             return None
         long = record.history(layout="long")
-        if long.empty:
+        events = record.events()
+        texts = _row_texts(events, long)
+        wides = []
+        for part in (long, texts):
+            if part.empty:
+                continue
+            part = _after_removals(part, events)
+            keys = part["key"].astype(str)
+            if scope:
+                prefix = "/".join(scope) + "/"
+                below = keys.str.startswith(prefix)
+                part, keys = part[below], keys[below].str.slice(len(prefix))
+            if part.empty:
+                continue
+            part = part.assign(key=keys.to_numpy())
+            part = part.drop_duplicates(["wall", "step", "rank", "key"], keep="last")
+            wides.append(part.pivot(index=["wall", "step", "rank"], columns="key", values="value"))
+        if not wides:
             return None
-        long = _after_removals(long, record.events())
-        if long.empty:
-            return None
-        keys = long["key"].astype(str)
-        if scope:
-            prefix = "/".join(scope) + "/"
-            below = keys.str.startswith(prefix)
-            long, keys = long[below], keys[below].str.slice(len(prefix))
-            if long.empty:
-                return None
-        long = long.assign(key=keys.to_numpy())
-        long = long.drop_duplicates(["wall", "step", "rank", "key"], keep="last")
-        index = ["wall", "step", "rank"]
-        wide = long.pivot(index=index, columns="key", values="value").sort_index()
-        wide = wide.reset_index(level="wall", drop=True)
+        # A key logged as a number in some rows and as text in others is one column.
+        wide = wides[0] if len(wides) == 1 else wides[0].combine_first(wides[1])
+        wide = wide.sort_index().reset_index(level="wall", drop=True)
         wide.columns.name = None
         return wide
 
@@ -489,7 +528,8 @@ class _ReadsMixin:
         out: dict[str, pandas.Series] = {}
         for k, aggs in wanted.items():
             out[k] = grouped[k].apply(lambda items: numpy.asarray(items))
-            out[k + "@median"] = grouped[k].median()
+            if pandas.api.types.is_numeric_dtype(table[k]):  # text has no median
+                out[k + "@median"] = grouped[k].median()
             for agg in aggs:
                 if agg.endswith("%"):
                     out[f"{k}@{agg}"] = grouped[k].quantile(float(agg[:-1]) / 100)
