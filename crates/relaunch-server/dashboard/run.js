@@ -16,8 +16,10 @@ import {
 const LIVE_MS = 2000;
 const IDLE_MS = 15000;
 const TABS = ['charts', 'system', 'media', 'logs', 'events', 'files', 'params'];
-// Listed in the media tab, not among the events.
-const MEDIA_KINDS = new Set(['media', 'histogram']);
+// Data that rides on events, not what happened to the run: media and
+// histograms (listed in the media tab), and the text values of ml-logger's
+// metric rows (read back by its layer).
+const DATA_KINDS = new Set(['media', 'histogram', 'ml-logger.row-texts']);
 const MAX_DEFAULT_CHARTS = 24;
 
 export function runPage(root, id) {
@@ -272,7 +274,7 @@ function eventsView(root, ctx) {
   function render() {
     if (ctx.events.length === shown) return;
     shown = ctx.events.length;
-    const events = ctx.events.filter((e) => !MEDIA_KINDS.has(e.kind));
+    const events = ctx.events.filter((e) => !DATA_KINDS.has(e.kind));
     if (!events.length) {
       list.replaceChildren(h('p', { class: 'empty' }, 'No events. `relaunch run --server URL` records starts, restarts and failures.'));
       return;
