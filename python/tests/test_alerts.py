@@ -261,6 +261,11 @@ def test_a_job_that_fails_under_the_launcher_is_posted_with_its_root_cause(
         (["--webhook", "http://127.0.0.1:1/x", "--alert", "loss >"], "is not a number"),
         (["--webhook", "http://127.0.0.1:1/x", "--alert", "loss == nan"], 'write "loss is nan"'),
         (["--alert", "loss > 1"], "has nowhere to post: add --webhook URL"),
+        # Issue 35: the first panicked (exit 101), the others were taken.
+        (["--webhook", "http://127.0.0.1:1/x", "--alert", "€€€€€"], "is not a rule"),
+        (["--webhook", "http://127.0.0.1:1/x", "--alert", "loss => 1"], "not one metric key"),
+        (["--webhook", "http://127.0.0.1:1/x", "--alert", "a b > 1"], "not one metric key"),
+        (["--webhook", "http://127.0.0.1:1/x", "--alert", "loss > 1e999"], "out of range"),
     ],
 )
 def test_a_webhook_or_rule_that_cannot_work_is_refused_at_start(
@@ -272,7 +277,7 @@ def test_a_webhook_or_rule_that_cannot_work_is_refused_at_start(
         text=True,
         timeout=60,
     )
-    assert out.returncode != 0
+    assert out.returncode != 0 and "panicked" not in out.stderr, out.stderr
     assert says in out.stderr, out.stderr
 
 
@@ -287,3 +292,48 @@ def test_alert_arguments_are_checked_before_anything_is_spooled(tmp_path) -> Non
         run.alert("x", text=3)  # type: ignore[arg-type]
     assert run.pending == before
     run.finish()
+
+
+def test_the_data_directory_is_for_its_owner_alone(receivers, tmp_path) -> None:
+    """Issue 35: the data directory was 755 and its files 644, the alert
+    outbox's webhook URLs (credentials) included. Now a new one is 700 and
+    everything in it 600 or 700; one made before, open to others, is said
+    at start and left as its owner made it."""
+    from conftest import TrackingServer
+
+    receiver = receivers()
+    receiver.mode = "fail"  # the alert stays in the outbox
+    data = tmp_path / "data"
+    server = TrackingServer(
+        data, "--durability", "process", "--webhook", receiver.url("/hook?key=secret"),
+        "--alert", "loss > 1",
+    )  # fmt: skip
+    try:
+        run = relaunch.init("perm", id="owner", server=server.url, dir=tmp_path / "spool")
+        run.log({"loss": 2.0}, step=0)
+        (tmp_path / "notes.txt").write_text("private")
+        run.save_file(tmp_path / "notes.txt")
+        run.finish()
+        wait_for(lambda: receiver.refused >= 1, 30, "the webhook to be tried")
+        outbox = [p for p in (data / "alerts").rglob("*") if p.is_file()]
+        assert any("key=secret" in p.read_text(errors="replace") for p in outbox), outbox
+        modes = {str(p): p.stat().st_mode & 0o777 for p in [data, *data.rglob("*")]}
+        assert modes[str(data)] == 0o700, modes
+        assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+    finally:
+        server.close()
+    assert not any("has mode" in line for line in server.log), server.log
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    server = TrackingServer(shared, "--durability", "process")
+    try:
+        wait_for(
+            lambda: any("has mode 755" in line and "chmod 700" in line for line in server.log),
+            30,
+            "the server to say that others can read its data",
+        )
+        assert shared.stat().st_mode & 0o777 == 0o755
+    finally:
+        server.close()

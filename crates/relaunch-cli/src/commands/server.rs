@@ -35,6 +35,10 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         bail!("{message}");
     }
     let limits = conn_limits(args)?;
+    // What the server writes (runs, files, the alert outbox with its
+    // webhook URLs, which are credentials) is for its owner alone: a new
+    // data directory is 0700, its files 0600.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("relaunch-server")
@@ -76,6 +80,7 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
             "relaunch server: http://{addr} ({}{files_place})",
             opened.place
         ));
+        say_if_shared(&args.data_dir);
         // Returns at once unless chunks go straight to a bucket.
         tokio::spawn(relaunch_server::collect_unconfirmed(state.clone()));
         relaunch_server::serve_with(listener, state, limits, shutdown)
@@ -88,6 +93,25 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         tracing::info!("stopped");
         Ok(0)
     })
+}
+
+/// Says so when the data directory (made by an earlier relaunch, or by
+/// hand) lets other users in; left as it is, since its owner chose it.
+fn say_if_shared(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        output::status(&format!(
+            "relaunch server: warning: the data directory {} has mode {mode:o}, so other users \
+             of this machine can read what it holds (runs, files, webhook URLs in alerts/); \
+             run `chmod 700 {}` unless they should",
+            dir.display(),
+            dir.display()
+        ));
+    }
 }
 
 /// The alerts of `--webhook` and `--alert`, with their outbox in the data

@@ -169,6 +169,14 @@ impl FromStr for Rule {
             if key.is_empty() {
                 return Err(format!("--alert {given:?} names no metric; {usage}"));
             }
+            // A key with an operator's character in it is a mistyped
+            // operator ("loss => 1"), one with a space two words.
+            if key.contains(['<', '>', '=', '!']) || key.contains(char::is_whitespace) {
+                return Err(format!(
+                    "--alert {given:?} is not a rule: {key:?} is not one metric key (no spaces \
+                     or operators in it); {usage}"
+                ));
+            }
             relaunch_api::names::check_key(key)
                 .map(|()| key.to_owned())
                 .map_err(|e| format!("--alert {given:?}: {e}"))
@@ -178,10 +186,12 @@ impl FromStr for Rule {
             (" is nan", Test::Nan),
             (" is inf", Test::Infinite),
         ] {
-            if text.len() >= suffix.len()
-                && text[text.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+            // By characters: `get` is None where the cut would split one.
+            let at = text.len().saturating_sub(suffix.len());
+            if let (Some(key), Some(end)) = (text.get(..at), text.get(at..))
+                && end.eq_ignore_ascii_case(suffix)
             {
-                let key = checked_key(&text[..text.len() - suffix.len()])?;
+                let key = checked_key(key)?;
                 return Ok(Self { key, test });
             }
         }
@@ -195,6 +205,17 @@ impl FromStr for Rule {
                 if limit.is_nan() {
                     return Err(format!(
                         "--alert {given:?}: nothing compares to NaN; write \"{key} is nan\""
+                    ));
+                }
+                let spelled_inf = number
+                    .trim_start_matches(['+', '-'])
+                    .to_ascii_lowercase()
+                    .starts_with("inf");
+                if limit.is_infinite() && !spelled_inf {
+                    return Err(format!(
+                        "--alert {given:?}: {number} is out of range (a float is at most \
+                         {:e}); write \"{key} is inf\" to alert on infinity",
+                        f64::MAX
                     ));
                 }
                 return Ok(Self {
@@ -230,6 +251,10 @@ mod tests {
         assert!(rule.fires(0.2) && !rule.fires(0.1) && !rule.fires(f64::NAN));
         let rule: Rule = "loss < -inf".parse().unwrap();
         assert!(!rule.fires(f64::NEG_INFINITY));
+        let rule: Rule = "€ is nan".parse().unwrap();
+        assert_eq!(rule.key, "€");
+        let rule: Rule = "loss > 1e300".parse().unwrap();
+        assert!(rule.fires(f64::INFINITY));
     }
 
     #[test]
@@ -242,6 +267,12 @@ mod tests {
             ("loss == nan", "write \"loss is nan\""),
             ("lo\u{1}ss > 1", "not allowed"),
             ("", "is not a rule"),
+            // Issue 35: a multi-byte character where a suffix would start
+            // panicked (exit 101 at start); these were taken silently.
+            ("€€€€€", "is not a rule"),
+            ("loss => 1", "\"loss =\" is not one metric key"),
+            ("a b > 1", "\"a b\" is not one metric key"),
+            ("loss > 1e999", "1e999 is out of range"),
         ] {
             let err = bad.parse::<Rule>().unwrap_err();
             assert!(err.contains(says), "{bad}: {err}");

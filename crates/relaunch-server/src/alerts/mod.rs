@@ -339,6 +339,34 @@ fn cut(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// `text` as Slack shows it and nothing more: its control sequences
+/// (`<!channel>`, `<URL|link>`, `<@USER>`) need `<` and `>`, and `&` starts
+/// an escape, so those three are escaped as Slack's docs say.
+fn slack_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// `text` for inside a ``` block: escaped, and no two backticks side by
+/// side, nor one next to the fences (a zero-width space between), so that
+/// nothing in it closes the block.
+fn slack_code(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last = '`'; // the opening fence's
+    for c in slack_escape(text).chars() {
+        if c == '`' && last == '`' {
+            out.push('\u{200b}');
+        }
+        out.push(c);
+        last = c;
+    }
+    if last == '`' {
+        out.push('\u{200b}');
+    }
+    out
+}
+
 /// The body posted to a webhook of `format`.
 fn shape(format: Format, alert: &Alert, run: &str, info: Option<&RunInfo>) -> Value {
     let project = info.map_or("", |i| i.project.as_str());
@@ -350,10 +378,15 @@ fn shape(format: Format, alert: &Alert, run: &str, info: Option<&RunInfo>) -> Va
     };
     match format {
         Format::Slack => {
-            let mut text = format!("{} *{}* in run `{shown}`", alert.level.mark(), alert.title);
+            let mut text = format!(
+                "{} *{}* in run `{}`",
+                alert.level.mark(),
+                slack_escape(&alert.title),
+                slack_escape(&shown).replace('`', "'"),
+            );
             if !alert.text.is_empty() {
                 text.push_str("\n```");
-                text.push_str(&cut(&alert.text));
+                text.push_str(&slack_code(&cut(&alert.text)));
                 text.push_str("```");
             }
             json!({ "text": text })
@@ -381,3 +414,32 @@ fn shape(format: Format, alert: &Alert, run: &str, info: Option<&RunInfo>) -> Va
 }
 
 pub(crate) use self::deliver::spawn as spawn_delivery;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slack_shows_client_text_as_text() {
+        // Issue 35: a title and text from a client went into Slack's
+        // message as they were: `<!channel>` pinged everyone, a link was
+        // live, and text after a closing ``` was markup again.
+        let alert = Alert {
+            kind: "alert".into(),
+            level: Level::Warn,
+            title: "<!channel> loss & <http://evil.example|docs>".into(),
+            text: "a```<!here> b ``` `c`".into(),
+            wall: 0.0,
+            attempt_token: String::new(),
+            detail: Value::Null,
+        };
+        let body = shape(Format::Slack, &alert, "run`1", None);
+        let text = body["text"].as_str().unwrap_or_default();
+        for live in ["<!channel>", "<!here>", "<http", "run`1"] {
+            assert!(!text.contains(live), "{live} in {text}");
+        }
+        assert!(text.contains("&lt;!channel&gt; loss &amp; &lt;http://evil.example|docs&gt;"));
+        assert_eq!(text.matches("```").count(), 2, "{text}");
+        assert!(text.ends_with("`c`\u{200b}```"), "{text}");
+    }
+}
