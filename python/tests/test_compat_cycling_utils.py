@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import wait_for
 from torch.utils.data import DataLoader, DistributedSampler
 
 import relaunch
@@ -315,6 +316,52 @@ def test_atomic_torch_save_replaces_whole_or_not_at_all(tmp_path):
         atomic_torch_save({"f": lambda: 0}, target)
     assert torch.equal(torch.load(target)["a"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temporary left
+
+
+KILLED_IN_SAVE = """
+import sys, time
+from pathlib import Path
+from relaunch.compat.cycling_utils import atomic_torch_save
+
+class Slow:
+    def __reduce__(self):
+        Path(sys.argv[2]).touch()  # the temporary file is open and half written
+        time.sleep(600)
+        return (dict, ())
+
+atomic_torch_save({"slow": Slow()}, sys.argv[1])
+"""
+
+
+def test_a_save_killed_midway_leaves_no_temporary_file_past_the_next_save(tmp_path):
+    """Issue 35: each SIGKILLed atomic_torch_save left its temporary file
+    for good (12 kills, 8 files, 4x the checkpoint's size on disk). The
+    next save of the same file removes those of processes that are gone,
+    and any untouched for ten minutes (another host's), but not a live
+    writer's."""
+    target = tmp_path / "ckpt.pt"
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_IN_SAVE)
+    for n in range(2):
+        ready = tmp_path / f"ready.{n}"
+        child = subprocess.Popen([sys.executable, str(script), str(target), str(ready)])
+        try:
+            wait_for(ready.exists, 120, "the save to be under way")
+        finally:
+            child.kill()
+            child.wait()
+    # The second save removed the first's; its own is left.
+    left = sorted(p.name for p in tmp_path.glob("ckpt.pt.tmp-*"))
+    assert len(left) == 1 and f"-{child.pid}-" in left[0], left
+    # Another host's, still being written, and one named the old way (no
+    # host), untouched for an hour.
+    live = tmp_path / "ckpt.pt.tmp-elsewhere-1-0a0a0a0a"
+    live.write_bytes(b"x")
+    old = tmp_path / "ckpt.pt.tmp-12345-0b0b0b0b"
+    old.write_bytes(b"x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    atomic_torch_save({"a": torch.ones(2)}, target)
+    assert sorted(p.name for p in tmp_path.glob("ckpt.pt*")) == ["ckpt.pt", live.name]
 
 
 # --- ranks agreeing through a store ---------------------------------------------

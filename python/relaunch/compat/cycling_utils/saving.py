@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import threading
 import time
 import warnings
@@ -78,16 +79,26 @@ _BUILT: dict[tuple[str, str, int], int] = {}
 _BUILT_LOCK = threading.Lock()
 
 
+# A temporary file of an interrupted save that no process of this host
+# writes, or that nothing has written to for this long, is removed.
+_STALE_TEMP_SECONDS = 600.0
+
+
 def atomic_torch_save(obj: Any, f: str | os.PathLike[str], **kwargs: Any) -> None:
     """``torch.save(obj, f, **kwargs)`` whole or not at all: written under a
-    temporary name in the same directory, fsynced, renamed over ``f``, and
-    the directory fsynced. A failure removes the temporary file."""
+    temporary name in the same directory (``F.tmp-HOST-PID-RANDOM``),
+    fsynced, renamed over ``f``, and the directory fsynced. A failure
+    removes the temporary file; one that a killed save left is removed by
+    the next save of ``f``."""
     import torch
 
     if not isinstance(f, str | os.PathLike):
         raise TypeError(f"f must be a path (str or os.PathLike), not {type(f).__name__}")
     path = Path(f)
-    temp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+    _remove_stale_temps(path)
+    temp = path.with_name(
+        f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
+    )
     try:
         torch.save(obj, temp, **kwargs)
         fsync(temp)
@@ -97,6 +108,38 @@ def atomic_torch_save(obj: Any, f: str | os.PathLike[str], **kwargs: Any) -> Non
             temp.unlink()
         raise
     fsync(path.parent if str(path.parent) else ".")
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Removes the temporary files of saves of ``path`` that were killed:
+    those of this host whose process is gone, and any (another host's, or
+    one named before the host was in the name) untouched for
+    ``_STALE_TEMP_SECONDS``."""
+    prefix = f"{path.name}.tmp-"
+    host = socket.gethostname()
+    try:
+        entries = [e for e in os.scandir(path.parent or ".") if e.name.startswith(prefix)]
+    except OSError:
+        return
+    for entry in entries:
+        writer, _, pid = entry.name[len(prefix) :].rpartition("-")[0].rpartition("-")
+        gone = writer == host and pid.isdigit() and not _alive(int(pid))
+        try:
+            if not gone and time.time() - entry.stat().st_mtime < _STALE_TEMP_SECONDS:
+                continue
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class AtomicDirectory:
