@@ -445,6 +445,9 @@ for step, color in enumerate(${JSON.stringify(colors)}):
     image[:, :] = color
     run.log({"loss": 1.0 / (step + 1), "samples": relaunch.Image(image, caption=f"color {step}"),
              "weights": relaunch.Histogram(numpy.arange(10.0) * (step + 1))}, step=step * 10)
+# What another client may send: 200,000 bins (relaunch's own caps them at 512).
+run.event("histogram", "", {"key": "wide", "step": 0, "counts": [1.0] * 200_000,
+                            "edges": [float(i) for i in range(200_001)], "nonfinite": 0})
 run.finish(timeout=60)
 print(run.id)
 `);
@@ -479,6 +482,13 @@ print(run.id)
   // The histogram's bars, at the step chosen for it.
   const bars = await page.$$eval('section[data-key="weights"] svg.histogram rect', (rs) => rs.length);
   assert.equal(bars, 64);
+  // Issue 35: 200,000 bins threw a RangeError (Math.max over as many
+  // arguments) and hid every panel; they are drawn as neighbours summed.
+  const wide = await page.$eval('section[data-key="wide"] svg.histogram', (svg) => ({
+    bins: Number(svg.dataset.bins), bars: svg.querySelectorAll('rect').length,
+  }));
+  assert.equal(wide.bins, 200000);
+  assert.ok(wide.bars > 0 && wide.bars <= 640, `${wide.bars} bars`);
   // Media are not listed among the events.
   await w.screenshot(page, 'run-media');
   await page.click('nav.tabs a[data-tab="events"]');

@@ -58,6 +58,26 @@ function image(run, m) {
     h('figcaption', {}, m.caption ? `${m.caption} · ` : '', `step ${m.step}${about}`));
 }
 
+// More bins than this are drawn as this many bars, each the sum of
+// neighbouring bins (the panel is 320 units wide).
+const MAX_BARS = 640;
+
+/** `counts` over `edges` as at most MAX_BARS bins: neighbours summed. */
+export function rebin(counts, edges) {
+  if (counts.length <= MAX_BARS) return { counts, edges };
+  const per = Math.ceil(counts.length / MAX_BARS);
+  const out = [];
+  const outEdges = [edges[0]];
+  for (let i = 0; i < counts.length; i += per) {
+    let sum = 0;
+    const end = Math.min(i + per, counts.length);
+    for (let j = i; j < end; j++) sum += counts[j];
+    out.push(sum);
+    outEdges.push(edges[end]);
+  }
+  return { counts: out, edges: outEdges };
+}
+
 /** A histogram as bars, in SVG. */
 function histogram(m, color) {
   if (!m) return h('p', { class: 'empty' }, 'nothing logged yet at this step');
@@ -68,12 +88,15 @@ function histogram(m, color) {
   svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
   svg.setAttribute('class', 'histogram');
   svg.setAttribute('data-step', m.step);
-  const top = Math.max(1, ...m.counts);
-  const lo = m.edges[0];
-  const span = (m.edges[m.edges.length - 1] - lo) || 1;
-  m.counts.forEach((c, i) => {
-    const x0 = ((m.edges[i] - lo) / span) * W;
-    const x1 = ((m.edges[i + 1] - lo) / span) * W;
+  svg.setAttribute('data-bins', m.counts.length);
+  const { counts, edges } = rebin(m.counts, m.edges);
+  // A loop, not Math.max(...counts): that many arguments overflow the stack.
+  const top = counts.reduce((a, c) => (c > a ? c : a), 1);
+  const lo = edges[0];
+  const span = (edges[edges.length - 1] - lo) || 1;
+  counts.forEach((c, i) => {
+    const x0 = ((edges[i] - lo) / span) * W;
+    const x1 = ((edges[i + 1] - lo) / span) * W;
     const bar = document.createElementNS(ns, 'rect');
     bar.setAttribute('x', x0);
     bar.setAttribute('width', Math.max(0.5, x1 - x0 - 0.5));
@@ -82,7 +105,7 @@ function histogram(m, color) {
     bar.setAttribute('fill', color || PALETTE[0]);
     svg.append(bar);
   });
-  const range = m.edges.length ? `${m.edges[0].toPrecision(3)} … ${m.edges[m.edges.length - 1].toPrecision(3)}` : 'no finite values';
+  const range = edges.length ? `${edges[0].toPrecision(3)} … ${edges[edges.length - 1].toPrecision(3)}` : 'no finite values';
   return h('figure', { class: 'media' }, svg,
     h('figcaption', {}, `step ${m.step} · ${range}${m.nonfinite ? ` · ${m.nonfinite} not finite` : ''}`));
 }
