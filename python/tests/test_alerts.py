@@ -253,6 +253,87 @@ def test_a_job_that_fails_under_the_launcher_is_posted_with_its_root_cause(
     assert "RuntimeError: boom on rank 1" in failed["text"], failed
 
 
+class HostileReceiver:
+    """Answers every post with a 500 whose body claims and streams 1 GiB
+    (counting what it got to send before the connection closed), or with a
+    redirect to its own ``/elsewhere``, where posts are counted."""
+
+    GIB = 1 << 30
+
+    def __init__(self, mode: str) -> None:
+        self.sent: list[int] = []
+        self.elsewhere = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if self.path == "/elsewhere":
+                    receiver.elsewhere += 1
+                    self.send_response(204)
+                    self.end_headers()
+                    return
+                if mode == "redirect":
+                    self.send_response(307)
+                    self.send_header("Location", "/elsewhere")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(500)
+                self.send_header("Content-Length", str(receiver.GIB))
+                self.end_headers()
+                chunk, sent = b"no" * (1 << 19), 0
+                try:
+                    while sent < receiver.GIB:
+                        self.wfile.write(chunk)
+                        sent += len(chunk)
+                except OSError:
+                    pass
+                receiver.sent.append(sent)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}/hook"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.mark.parametrize("mode", ["huge", "redirect"])
+def test_a_receiver_that_answers_a_gibibyte_or_a_redirect_costs_nothing(
+    tracking_servers: Callable[..., TrackingServer], tmp_path, mode: str
+) -> None:
+    """Issue 35: a receiver answering 500 with a 2 GiB body took the server
+    to 5.9 GB on each retry (the whole answer read, then 200 characters
+    kept), and redirects were followed (the alert, and the URL's secret,
+    went wherever they said)."""
+    receiver = HostileReceiver(mode)
+    try:
+        server = tracking_servers(
+            "--durability", "process", "--webhook", receiver.url, "--alert", "loss > 0"
+        )
+        run = relaunch.init("alerts", id=f"hostile-{mode}", server=server.url, dir=tmp_path / "s")
+        run.alert("to a hostile receiver")
+        run.flush()
+        if mode == "huge":
+            wait_for(lambda: len(receiver.sent) >= 2, 60, "two posts answered, a retry among them")
+            # What the server read before it closed: socket buffers, not a GiB.
+            assert max(receiver.sent) < 64 << 20, receiver.sent
+            says = "answered 500 Internal Server Error: nonono"
+        else:
+            says = "redirects are not followed"
+        wait_for(lambda: any(says in line for line in server.log), 60, f"the log to say {says!r}")
+        assert receiver.elsewhere == 0
+        run.finish()
+    finally:
+        receiver.close()
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [

@@ -22,6 +22,9 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// A post that takes longer failed (a receiver that hangs).
 const POST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How much of a failed post's answer is read (its first 200 characters
+/// are said): a receiver's answer of any size costs no more memory.
+const MAX_ANSWER_READ: usize = 4096;
 /// A delivery not taken this long after its alert is given up.
 const GIVE_UP_AFTER: f64 = 24.0 * 3600.0;
 /// How often the outbox is looked at without a wake-up (deliveries written
@@ -36,6 +39,9 @@ pub(crate) fn spawn(alerts: &Arc<Alerts>, storage: &Arc<dyn Storage>) -> Vec<Joi
         .timeout(POST_TIMEOUT)
         .connect_timeout(POST_TIMEOUT)
         .user_agent(concat!("relaunch/", env!("CARGO_PKG_VERSION")))
+        // A webhook URL is posted to as given: a redirect could take the
+        // alert (and the URL's secret) elsewhere.
+        .redirect(reqwest::redirect::Policy::none())
         .build()
     {
         Ok(client) => client,
@@ -162,12 +168,27 @@ async fn post(client: &reqwest::Client, hook: &Webhook, p: &Pending) -> Result<(
         })?;
     let status = response.status();
     if status.is_success() {
-        Ok(())
-    } else {
-        let body = response.text().await.unwrap_or_default();
-        let body: String = body.chars().take(200).collect();
-        Err(format!("it answered {status}: {body}"))
+        return Ok(());
     }
+    if status.is_redirection() {
+        return Err(format!(
+            "it answered {status}; redirects are not followed: give the webhook's final URL"
+        ));
+    }
+    let mut response = response;
+    let mut answer = Vec::new();
+    while answer.len() < MAX_ANSWER_READ {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ANSWER_READ - answer.len();
+                answer.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    // Dropping the response closes the connection on the rest of it.
+    let body: String = String::from_utf8_lossy(&answer).chars().take(200).collect();
+    Err(format!("it answered {status}: {body}"))
 }
 
 /// Records how a delivery ended, then removes it from the outbox.
