@@ -21,7 +21,6 @@ mod outbox;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use relaunch_api::{Batch, Record, RunInfo};
@@ -103,7 +102,8 @@ pub struct Alerts {
     /// share a sequence).
     writer: String,
     recorded: Mutex<HashMap<String, u64>>,
-    dropped: AtomicU64,
+    /// Alerts dropped at a full outbox, said once per run of them.
+    drops: outbox::Drops,
 }
 
 /// One alert, before it is shaped for a webhook.
@@ -134,7 +134,7 @@ impl Alerts {
             written: watch::channel(0).0,
             writer: format!("relaunch-server-alerts-{}", uuid::Uuid::new_v4().simple()),
             recorded: Mutex::new(HashMap::new()),
-            dropped: AtomicU64::new(0),
+            drops: outbox::Drops::default(),
         }))
     }
 
@@ -184,17 +184,27 @@ impl Alerts {
                     raised: alert.wall,
                 };
                 match self.outbox.put(&delivery) {
-                    Ok(true) => {}
+                    Ok(true) => {
+                        if let Some(n) = self.drops.fit() {
+                            tracing::info!(
+                                dropped = n,
+                                "the alert outbox takes alerts again; {n} were dropped while it \
+                                 was full"
+                            );
+                        }
+                    }
                     Ok(false) => {
-                        let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-                        tracing::warn!(
-                            run,
-                            title = %alert.title,
-                            dropped = n,
-                            max = outbox::MAX_PENDING,
-                            "an alert was dropped: the outbox is full of deliveries its webhooks \
-                             have not taken (are they down?)"
-                        );
+                        if let Some(total) = self.drops.dropped() {
+                            tracing::warn!(
+                                run,
+                                title = %alert.title,
+                                dropped_in_all = total,
+                                max = outbox::MAX_PENDING,
+                                "alerts are being dropped: the outbox is full of deliveries its \
+                                 webhooks have not taken (are they down?); said once until one \
+                                 fits again"
+                            );
+                        }
                     }
                     Err(e) => {
                         tracing::error!(run, error = %e, "cannot write an alert to the outbox")
