@@ -39,7 +39,24 @@ const RUNS = Number(opt.runs);
 const TABLE_RUNS = Number(opt['table-runs']);
 const REPEAT = Number(opt.repeat);
 
-// RLB2, the batch format (crates/relaunch-api/src/batch.rs).
+// RLB3, the batch format (crates/relaunch-api/src/batch.rs): it ends with
+// the CRC-32C (Castagnoli) of every byte before it.
+const CRC32C_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let i = 0; i < 256; i++) {
+    let c = i;
+    for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
+    table[i] = c >>> 0;
+  }
+  return table;
+})();
+
+export function crc32c(bytes) {
+  let c = 0xffffffff;
+  for (let i = 0; i < bytes.length; i++) c = CRC32C_TABLE[(c ^ bytes[i]) & 0xff] ^ (c >>> 8);
+  return (c ^ 0xffffffff) >>> 0;
+}
+
 function str16(s) {
   const b = Buffer.from(s, 'utf8');
   const out = Buffer.alloc(2 + b.length);
@@ -51,7 +68,7 @@ function str16(s) {
 /** One batch of metrics records: `rows` of [step, wall, [[key, value], ...]]. */
 function metricsBatch(writer, token, firstSeq, rows) {
   const keyBufs = new Map();
-  const parts = [Buffer.from('RLB2'), str16(writer), str16(token)];
+  const parts = [Buffer.from('RLB3'), str16(writer), str16(token)];
   const n = Buffer.alloc(4);
   n.writeUInt32LE(rows.length, 0);
   parts.push(n);
@@ -71,7 +88,10 @@ function metricsBatch(writer, token, firstSeq, rows) {
       parts.push(keyBufs.get(k), val);
     }
   });
-  return Buffer.concat(parts);
+  const body = Buffer.concat(parts);
+  const sum = Buffer.alloc(4);
+  sum.writeUInt32LE(crc32c(body), 0);
+  return Buffer.concat([body, sum]);
 }
 
 async function post(url, body, type = 'application/json') {

@@ -136,7 +136,7 @@ def files_bench_module():
 
 
 def loss_batch(writer: str, token: str, first_seq: int, first_step: int, count: int) -> bytes:
-    """`count` records of the one key `loss` in RLB2 (crates/relaunch-api/src/batch.rs),
+    """`count` records of the one key `loss` in RLB3 (crates/relaunch-api/src/batch.rs),
     built with numpy: the records are fixed-size, so one structured array is the body."""
     import numpy as np
 
@@ -159,8 +159,10 @@ def loss_batch(writer: str, token: str, first_seq: int, first_step: int, count: 
     def str16(s: str) -> bytes:
         return len(s.encode()).to_bytes(2, "little") + s.encode()
 
-    head = b"RLB2" + str16(writer) + str16(token) + count.to_bytes(4, "little")
-    return head + r.tobytes()
+    from relaunch import _native
+
+    body = b"RLB3" + str16(writer) + str16(token) + count.to_bytes(4, "little") + r.tobytes()
+    return body + _native.crc32c(body).to_bytes(4, "little")
 
 
 def load_series(url: str, run: str, points: int, loaders: int, per_batch: int) -> float:

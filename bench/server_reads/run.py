@@ -54,15 +54,18 @@ def str16(s: str) -> bytes:
 
 
 def batch(writer: str, first_seq: int, first_step: int, steps: int) -> bytes:
-    """RLB2 (crates/relaunch-api/src/batch.rs): `steps` records of every key."""
-    parts = [b"RLB2", str16(writer), str16("t"), struct.pack("<I", steps)]
+    """RLB3 (crates/relaunch-api/src/batch.rs): `steps` records of every key."""
+    from relaunch import _native
+
+    parts = [b"RLB3", str16(writer), str16("t"), struct.pack("<I", steps)]
     wall = time.time()
     for i in range(steps):
         step = first_step + i
         parts.append(struct.pack("<QBqdIH", first_seq + i, 1, step, wall, 0, len(KEYS)))
         for j, key in enumerate(KEYS):
             parts.append(str16(key) + struct.pack("<d", float(step * 7 + j) % 1000.0))
-    return b"".join(parts)
+    body = b"".join(parts)
+    return body + struct.pack("<I", _native.crc32c(body))
 
 
 def post(conn: http.client.HTTPConnection, path: str, body: bytes, ctype: str) -> None:

@@ -179,26 +179,29 @@ def cmd_writer(a: argparse.Namespace) -> None:
     raise SystemExit(f"unknown side {a.side}")
 
 
-def rlb2_str16(s: str) -> bytes:
+def rlb3_str16(s: str) -> bytes:
     b = s.encode()
     return struct.pack("<H", len(b)) + b
 
 
-def rlb2_batches(writer: str, token: str, rank: int, steps: int, keys: int, per_batch: int):
+def rlb3_batches(writer: str, token: str, rank: int, steps: int, keys: int, per_batch: int):
     """The wire form of `POST /runs/{id}/batches` (crates/relaunch-api/src/batch.rs)."""
-    names = [rlb2_str16(f"metric_{k:02d}") for k in range(keys)]
+    from relaunch import _native
+
+    names = [rlb3_str16(f"metric_{k:02d}") for k in range(keys)]
     wall = time.time()
     bodies = []
     seq = 0
     for first in range(0, steps, per_batch):
         count = min(per_batch, steps - first)
-        parts = [b"RLB2", rlb2_str16(writer), rlb2_str16(token), struct.pack("<I", count)]
+        parts = [b"RLB3", rlb3_str16(writer), rlb3_str16(token), struct.pack("<I", count)]
         for step in range(first, first + count):
             seq += 1
             parts.append(struct.pack("<QBqdIH", seq, 1, step, wall, rank, keys))
             for j, name in enumerate(names):
                 parts.append(name + struct.pack("<d", float(step * keys + j)))
-        bodies.append(b"".join(parts))
+        body = b"".join(parts)
+        bodies.append(body + struct.pack("<I", _native.crc32c(body)))
     return bodies
 
 
@@ -214,7 +217,7 @@ def cmd_raw_writer(a: argparse.Namespace) -> None:
         check(conn.getresponse())
         path = f"/api/v1/runs/{a.run}/batches"
         headers = {"Content-Type": "application/x-relaunch-batch"}
-        bodies = rlb2_batches(writer, token, a.rank, a.steps, a.keys, a.per_batch)
+        bodies = rlb3_batches(writer, token, a.rank, a.steps, a.keys, a.per_batch)
         points = a.steps * a.keys
     elif a.side == "mlflow":
         path = "/api/2.0/mlflow/runs/log-batch"

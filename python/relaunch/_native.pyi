@@ -74,6 +74,9 @@ class Run:
 def hash_file(path: str | os.PathLike[str]) -> str:
     """BLAKE3 of the file's contents, hex; the GIL is released while it reads."""
 
+def crc32c(data: bytes) -> int:
+    """The CRC-32C of ``data``: what an "RLB3" batch ends with."""
+
 def hash_bytes(data: bytes) -> str:
     """BLAKE3 of ``data``, hex."""
 

@@ -203,9 +203,18 @@ def line_record(rank: int, text: str, stderr: bool = False) -> bytes:
     return b"\x02" + struct.pack("<IBd", rank, int(stderr), time.time()) + _str32(text)
 
 
-def batch(writer: str, attempt_token: str, records: list[tuple[int, bytes]]) -> bytes:
-    out = b"RLB2" + _str16(writer) + _str16(attempt_token) + struct.pack("<I", len(records))
-    return out + b"".join(struct.pack("<Q", seq) + body for seq, body in records)
+def seal(body: bytes) -> bytes:
+    """An "RLB3" batch's bytes: ``body`` and its CRC-32C."""
+    return body + struct.pack("<I", relaunch._native.crc32c(body))
+
+
+def batch(
+    writer: str, attempt_token: str, records: list[tuple[int, bytes]], trailer: bytes = b""
+) -> bytes:
+    """An "RLB3" batch of ``records``, ``trailer`` after them (a malformed
+    one), sealed with its checksum."""
+    out = b"RLB3" + _str16(writer) + _str16(attempt_token) + struct.pack("<I", len(records))
+    return seal(out + b"".join(struct.pack("<Q", seq) + body for seq, body in records) + trailer)
 
 
 def open_raw_run(server: TrackingServer, run: str, token: str | None = None, **fields) -> dict:
@@ -827,9 +836,12 @@ def test_batches_are_stored_once_and_garbage_bodies_are_refused(tracking_server)
     next_record = batch("w1", "raw-raw", [(16, metrics_record(15, {"v": 24.0}))])
     for cut in range(len(next_record)):
         assert "malformed batch" in bad_batch(next_record[:cut])
-    assert "follow the last record" in bad_batch(next_record + b"\0")
+    assert "follow the last record" in bad_batch(
+        batch("w1", "raw-raw", [(16, metrics_record(15, {"v": 24.0}))], trailer=b"\0")
+    )
     assert "unknown record kind 9" in bad_batch(batch("w1", "raw-raw", [(16, b"\x09")]))
-    huge_count = next_record[: next_record.index(b"raw-raw") + 7] + struct.pack("<I", 2**32 - 1)
+    header = next_record[: next_record.index(b"raw-raw") + 7]
+    huge_count = seal(header + struct.pack("<I", 2**32 - 1))
     assert "ends in the middle" in bad_batch(huge_count)
     unordered = batch("w1", "raw-raw", [(17, metrics_record(1, {})), (16, metrics_record(2, {}))])
     assert "sequence numbers must be consecutive" in bad_batch(unordered)
@@ -838,12 +850,16 @@ def test_batches_are_stored_once_and_garbage_bodies_are_refused(tracking_server)
     bad_key = batch("w1", "raw-raw", [(16, metrics_record(15, {"a\nb": 1.0}))])
     assert "metric key" in bad_batch(bad_key)
     not_utf8 = batch(
-        "w1", "raw-raw", [(16, b"\x01" + struct.pack("<qdIH", 1, 0, 0, 1) + _str16(b"\xff\xfe"))]
+        "w1",
+        "raw-raw",
+        [(16, b"\x01" + struct.pack("<qdIH", 1, 0, 0, 1) + _str16(b"\xff\xfe") + bytes(8))],
     )
-    assert "is not UTF-8" in bad_batch(not_utf8 + struct.pack("<d", 1.0))
+    assert "is not UTF-8" in bad_batch(not_utf8)
+    # Issue 35: the format before the checksum was stored unchecked.
+    assert "upgrade relaunch" in bad_batch(b"RLB2" + next_record[4:-4])
     rng = random.Random(7)
     for _ in range(200):
-        noise = b"RLB2" * rng.randint(0, 1) + rng.randbytes(rng.randint(0, 300))
+        noise = rng.choice([b"", b"RLB2", b"RLB3"]) + rng.randbytes(rng.randint(0, 300))
         status, _ = request(
             server, "POST", f"{API}/runs/raw/batches", noise, {"Content-Type": BATCH_TYPE}
         )

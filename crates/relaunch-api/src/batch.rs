@@ -18,8 +18,10 @@
 //! Every wall time is finite (seconds since the Unix epoch). A batch whose
 //! checksum does not match was damaged on the way (a proxy, a bad NIC) and
 //! is refused whole, so no bit flipped in transit is stored as another
-//! value. "RLB2" is the same without the checksum, as clients before it
-//! sent; it is still read.
+//! value. "RLB2", the same without the checksum as clients before it sent,
+//! is refused (since 0.1.0's checksum issue): a flipped bit in it would be
+//! stored. Such a client's spool keeps its records; a current client ships
+//! them again.
 //!
 //! A record's body is also what the client's spool stores, so shipping is
 //! concatenation. A writer numbers its records 1, 2, 3, ... without gaps;
@@ -30,7 +32,7 @@ use crate::types::Stream;
 
 pub const MAGIC: &[u8; 4] = b"RLB3";
 
-/// The format before the checksum: read, never written.
+/// The format before the checksum: refused, with what to do.
 pub const MAGIC_UNCHECKED: &[u8; 4] = b"RLB2";
 pub const CONTENT_TYPE: &str = "application/x-relaunch-batch";
 
@@ -78,6 +80,13 @@ pub struct Batch {
 pub enum BatchError {
     #[error("not a relaunch batch (it should start with \"RLB3\")")]
     Magic,
+    #[error(
+        "an \"RLB2\" batch, without the checksum that \"RLB3\" adds, from a relaunch client \
+         older than this server: refused, since a bit flipped on the way would be stored; \
+         upgrade relaunch where the job runs (its spool keeps the records, and the new client \
+         ships them)"
+    )]
+    Unchecked,
     #[error(
         "the batch's checksum is {found:08x} but its bytes give {computed:08x}: it was damaged \
          on the way; send it again"
@@ -157,6 +166,12 @@ pub fn put_record_with_seq(out: &mut Vec<u8>, seq: u64, body: &[u8]) {
 
 /// Ends the batch that `out` holds from `start` (where its header was put):
 /// appends the checksum of its bytes.
+/// The CRC-32C (Castagnoli) an "RLB3" batch ends with, of every byte
+/// before it.
+pub fn checksum(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
 pub fn put_checksum(out: &mut Vec<u8>, start: usize) {
     let crc = crc32c::crc32c(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
@@ -193,7 +208,7 @@ impl Batch {
                 }
                 body
             }
-            Some(magic) if magic == MAGIC_UNCHECKED => bytes,
+            Some(magic) if magic == MAGIC_UNCHECKED => return Err(BatchError::Unchecked),
             Some(_) => return Err(BatchError::Magic),
             None => return Err(BatchError::Truncated("the header")),
         };
@@ -497,9 +512,6 @@ mod tests {
             Batch::decode(&bytes),
             Err(BatchError::Checksum { .. })
         ));
-        let mut unchecked = without_checksum(&sample());
-        unchecked.push(0);
-        assert_eq!(Batch::decode(&unchecked), Err(BatchError::Trailing(1)));
     }
 
     /// The batch as clients before the checksum sent it ("RLB2").
@@ -511,11 +523,13 @@ mod tests {
         bytes
     }
 
+    /// Issue 35: "RLB2" batches were stored unchecked (230 of 400 with a
+    /// flipped bit were).
     #[test]
-    fn a_batch_of_the_format_before_the_checksum_is_still_read() {
-        let batch = Batch::decode(&without_checksum(&sample())).unwrap();
-        assert_eq!(batch.records.len(), 3);
-        assert_eq!(batch.writer, "w-abc");
+    fn a_batch_of_the_format_before_the_checksum_is_refused_with_what_to_do() {
+        let err = Batch::decode(&without_checksum(&sample())).unwrap_err();
+        assert_eq!(err, BatchError::Unchecked);
+        assert!(err.to_string().contains("upgrade relaunch"), "{err}");
     }
 
     /// Regression: bits flipped on the way were stored as other values.

@@ -64,6 +64,13 @@ fn server_list(servers: &str) -> PyResult<Vec<String>> {
     relaunch_client::http::server_list(servers).map_err(errors::tracking_error)
 }
 
+/// The CRC-32C of `data`: what an "RLB3" batch ends with (for code that
+/// writes batches by hand: tests, benchmarks).
+#[pyfunction]
+fn crc32c(data: &[u8]) -> u32 {
+    relaunch_api::batch::checksum(data)
+}
+
 #[pymodule]
 mod _native {
     use pyo3::prelude::*;
@@ -81,7 +88,7 @@ mod _native {
     #[pymodule_export]
     use super::transfer::{download_file, upload_file};
     #[pymodule_export]
-    use super::{beat_while_exiting, claim_stack_signal, heartbeat, server_list};
+    use super::{beat_while_exiting, claim_stack_signal, crc32c, heartbeat, server_list};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
