@@ -1012,6 +1012,48 @@ def test_a_token_guards_everything_but_health_and_openapi(tracking_servers):
 
 
 @pytest.mark.local_storage
+def test_another_sites_page_can_neither_reach_nor_write_through_a_browser(tracking_servers):
+    """Issue 35: without a token (the loopback default) the API took a
+    text/plain or form POST (which any page can send without asking),
+    created a run for it, and answered any Host (DNS rebinding: another
+    site's name made to point at 127.0.0.1); the dashboard could be framed."""
+    server = tracking_servers("--durability", "process", "--allowed-host", "box.example")
+    body = json.dumps({"id": "xsite", "attempt_token": "t"}).encode()
+    status, message = refused(server, "GET", f"{API}/runs", headers={"Host": "evil.example:80"})
+    assert status == 403 and "--allowed-host evil.example" in message, message
+    for host in ["localhost", f"127.0.0.1:{server.port}", "box.example:8080", "[::1]"]:
+        status, _ = request(server, "GET", f"{API}/runs", headers={"Host": host})
+        assert status == 200, host
+    for kind in ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; b=x"]:
+        status, message = refused(
+            server, "POST", f"{API}/runs", body=body, headers={"Content-Type": kind}
+        )
+        assert status == 415 and "application/json" in message, (kind, message)
+    own = f"http://127.0.0.1:{server.port}"
+    status, message = refused(
+        server, "POST", f"{API}/runs", body=body,
+        headers={"Content-Type": "application/json", "Origin": "http://evil.example"},
+    )  # fmt: skip
+    assert status == 403 and "evil.example" in message, message
+    status, _ = request(
+        server, "POST", f"{API}/runs", body=body,
+        headers={"Content-Type": "application/json", "Origin": own},
+    )  # fmt: skip
+    assert status in (200, 201), status
+    assert [r.id for r in relaunch.Api(server.url).runs()] == ["xsite"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("GET", "/")
+        page = conn.getresponse()
+        page.read()
+    finally:
+        conn.close()
+    assert page.status == 200
+    assert page.getheader("X-Frame-Options") == "DENY"
+    assert "frame-ancestors 'none'" in page.getheader("Content-Security-Policy", "")
+    assert "script-src 'self'" in page.getheader("Content-Security-Policy", "")
+
+
 def test_run_ids_in_urls_cannot_escape_and_never_crash_the_server(tracking_server, tmp_path):
     server = tracking_server
     open_raw_run(server, "safe")

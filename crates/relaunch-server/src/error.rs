@@ -14,12 +14,17 @@ pub enum AppError {
     BadRequest(String),
     #[error("{0}")]
     Unauthorized(String),
+    /// A request of another site's page (`origin.rs`).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("{0}")]
     RangeNotSatisfiable(String),
     #[error("{0}")]
@@ -38,9 +43,13 @@ impl AppError {
         match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Self::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
             Self::RangeNotSatisfiable(_) => (StatusCode::RANGE_NOT_SATISFIABLE, "bad_range"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),

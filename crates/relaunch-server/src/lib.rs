@@ -13,6 +13,7 @@ pub mod files;
 pub mod goodput;
 pub mod migrate;
 pub mod names;
+mod origin;
 mod reads;
 pub mod storage;
 mod trim;
@@ -59,6 +60,9 @@ pub struct AppState {
     max_response_memory: usize,
     /// Webhooks and rules (`alerts/`), when the server was given any.
     alerts: Option<Arc<alerts::Alerts>>,
+    /// Which `Host` headers name this server (`origin.rs`); None: any
+    /// (a router not served on a socket of its own, as in tests).
+    host_check: Option<origin::HostCheck>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -93,6 +97,7 @@ impl AppState {
             body_budget: body::BodyBudget::new(DEFAULT_MAX_BODY_MEMORY.max(max_request_bytes)),
             max_response_memory: DEFAULT_MAX_RESPONSE_MEMORY,
             alerts: None,
+            host_check: None,
         }
     }
 
@@ -101,6 +106,17 @@ impl AppState {
     /// (`--max-readers`): they take at most `max_readers - 1` (at least 1),
     /// leaving one to light reads; more wait without holding a thread.
     #[must_use]
+    /// Answers only requests whose `Host` names this server, listening on
+    /// `listen`, or one of `allowed` (`--allowed-host`): see `origin.rs`.
+    pub fn with_host_check(mut self, listen: std::net::SocketAddr, allowed: Vec<String>) -> Self {
+        self.host_check = Some(origin::HostCheck::new(listen, allowed));
+        self
+    }
+
+    pub(crate) fn host_check(&self) -> Option<&origin::HostCheck> {
+        self.host_check.as_ref()
+    }
+
     pub fn with_max_readers(mut self, max_readers: usize) -> Self {
         self.heavy_reads =
             reads::HeavyReads::new(max_readers).with_answer_memory(self.max_response_memory);
@@ -175,6 +191,7 @@ pub fn router(state: AppState) -> Router {
         .nest(relaunch_api::API_PREFIX, guarded.merge(open))
         .merge(dashboard::routes())
         .fallback(api::not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
         .with_state(state)
 }
 

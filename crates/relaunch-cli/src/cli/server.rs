@@ -66,6 +66,13 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 8765)]
     pub port: u16,
 
+    /// Another name this server is reached by (a reverse proxy's, a host name that points
+    /// here), as browsers send it in the Host header; repeat for several. On loopback the
+    /// server answers only loopback names and these (a page of another site cannot reach it
+    /// through a name it made point here); on another address, any name unless some are given.
+    #[arg(long = "allowed-host", value_name = "NAME", value_parser = parse_host_name)]
+    pub allowed_host: Vec<String>,
+
     /// Token every request must carry (Authorization: Bearer TOKEN) [env: RELAUNCH_SERVER_TOKEN].
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
@@ -135,6 +142,25 @@ fn check_rule(given: &str) -> Result<String, String> {
         .map(|_| given.to_owned())
 }
 
+/// A host name or address for --allowed-host: no scheme, port or path.
+fn parse_host_name(given: &str) -> Result<String, String> {
+    let name = given.trim();
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    let ok = !bare.is_empty()
+        && bare
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
+        && (bare.contains(':') == bare.parse::<std::net::Ipv6Addr>().is_ok());
+    if ok {
+        Ok(bare.to_owned())
+    } else {
+        Err(format!(
+            "{given:?} is not a host name: give the name alone, as in --allowed-host \
+             relaunch.example.com (no scheme, port or path)"
+        ))
+    }
+}
+
 impl Default for ServerArgs {
     fn default() -> Self {
         Self {
@@ -148,6 +174,7 @@ impl Default for ServerArgs {
             unconfirmed_grace: Duration::from_secs(86400),
             host: "127.0.0.1".into(),
             port: 8765,
+            allowed_host: Vec::new(),
             token: None,
             max_request_bytes: relaunch_server::DEFAULT_MAX_REQUEST_BYTES,
             max_body_memory: relaunch_server::DEFAULT_MAX_BODY_MEMORY,

@@ -70,6 +70,7 @@ pub(crate) fn run(args: &ServerArgs) -> anyhow::Result<u8> {
         let opened = open_storage(args, durability)?;
         let storage = opened.storage.clone();
         let mut state = AppState::new(storage, files, token, args.max_request_bytes)
+            .with_host_check(addr, args.allowed_host.clone())
             .with_max_readers(args.max_readers)
             .with_max_body_memory(args.max_body_memory)
             .with_max_response_memory(args.max_response_memory);
