@@ -610,6 +610,14 @@ print(run.id)
   // A plain link the browser streams to disk (the token rides in the
   // read-only cookie), not bytes fetched into the page's memory.
   assert.match(download.url(), /^http:\/\/[^/]+\/api\/v1\/runs\/[^/]+\/files\/a\.txt$/);
+  // Issue 35: the token was the cookie, set by script (so readable by any
+  // page of the host: cookies are not kept apart by port). Now the cookie
+  // is the server's, HttpOnly, and holds no token; no script sees it.
+  const cookies = await page.context().cookies();
+  assert.ok(cookies.length > 0 && cookies.every((c) => c.httpOnly && c.sameSite === 'Strict'
+    && c.path === '/api/v1' && c.name.startsWith('relaunch_session_')), JSON.stringify(cookies));
+  assert.ok(cookies.every((c) => !c.value.includes('s3cret')), JSON.stringify(cookies));
+  assert.equal(await page.evaluate(() => document.cookie), '');
   // The only errors: the first requests' 401s, before the token was given.
   assert.ok(w.errors.every((e) => /401/.test(e)), w.errors.join('\n'));
 });

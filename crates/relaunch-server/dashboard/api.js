@@ -1,8 +1,10 @@
 // Calls to /api/v1. The pages are open; the API may need a token: on a 401
-// the page asks for it once (a dialog), keeps it in localStorage and sends
-// it as `Authorization: Bearer` from then on. It also sets it as the
-// `relaunch_token` cookie (SameSite=Strict, path /api/v1), which the server
-// accepts for reads only, so that download links stream straight to disk.
+// the page asks for it once (a dialog), keeps it in localStorage (this
+// origin's alone) and sends it as `Authorization: Bearer` from then on. With
+// it the page asks the server for its read cookie (`POST /session`: HttpOnly,
+// SameSite=Strict, path /api/v1, derived from the token, reads only), so
+// that download links stream straight to disk; the token itself is never in
+// a cookie, which every port of the host would get.
 
 const TOKEN_KEY = 'relaunch.token';
 export const API = '/api/v1';
@@ -20,14 +22,15 @@ function token() {
   try { return localStorage.getItem(TOKEN_KEY); } catch { return null; }
 }
 
-/** The token as the cookie downloads carry (reads only, this site only). */
-function setCookie(value) {
-  const secure = location.protocol === 'https:' ? '; Secure' : '';
-  document.cookie = `relaunch_token=${encodeURIComponent(value)}; path=${API}; SameSite=Strict${secure}`;
+/** Has the server set its read cookie for downloads, made with `value`. */
+function openSession(value) {
+  return fetch(`${API}/session`, { method: 'POST', headers: { Authorization: `Bearer ${value}` } })
+    .catch(() => {});
 }
 
-// A token kept from an earlier visit: its cookie too.
-if (token()) setCookie(token());
+// A token kept from an earlier visit: its session too, before any answer
+// (and so any download link) is shown.
+let session = token() ? openSession(token()) : Promise.resolve();
 
 /** Asks the person for the token; concurrent 401s share one question. */
 function askToken(why) {
@@ -41,10 +44,10 @@ function askToken(why) {
       const value = input.value.trim();
       if (value) {
         localStorage.setItem(TOKEN_KEY, value);
-        setCookie(value);
+        session = openSession(value);
       }
       asking = null;
-      resolve(Boolean(value));
+      session.then(() => resolve(Boolean(value)));
     }, { once: true });
   });
   dialog.showModal();
@@ -82,6 +85,7 @@ export async function apiPage(path, options = {}) {
 }
 
 async function respond(path, { signal, method = 'GET', body } = {}) {
+  await session;
   for (let tries = 0; ; tries++) {
     const res = await fetch(API + path, {
       method, signal, body,

@@ -111,6 +111,19 @@ pub(crate) fn json_body<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `POST /session`: made with the token (the guard checked it), sets the
+/// dashboard's read cookie (`crate::Session`); without a token, there is
+/// nothing to set.
+pub(crate) async fn session(State(state): State<AppState>) -> Response {
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    if let Some(session) = state.session()
+        && let Ok(value) = HeaderValue::from_str(&session.set_cookie())
+    {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
 pub(crate) async fn health(State(state): State<AppState>) -> Json<Health> {
     Json(Health {
         version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -49,6 +49,9 @@ pub struct AppState {
     storage: Arc<dyn Storage>,
     files: FileStore,
     token: Option<Arc<str>>,
+    /// The dashboard's read session (name, value) when there is a token:
+    /// see [`Session`].
+    session: Option<Arc<Session>>,
     max_request_bytes: usize,
     /// Bumped whenever console lines arrive; log follows wait on it.
     logs_changed: Arc<watch::Sender<u64>>,
@@ -90,6 +93,7 @@ impl AppState {
         Self {
             storage,
             files,
+            session: token.as_deref().map(|t| Arc::new(Session::of(t))),
             token: token.map(Into::into),
             max_request_bytes,
             logs_changed,
@@ -111,6 +115,10 @@ impl AppState {
     pub fn with_host_check(mut self, listen: std::net::SocketAddr, allowed: Vec<String>) -> Self {
         self.host_check = Some(origin::HostCheck::new(listen, allowed));
         self
+    }
+
+    pub(crate) fn session(&self) -> Option<&Session> {
+        self.session.as_deref()
     }
 
     pub(crate) fn host_check(&self) -> Option<&origin::HostCheck> {
@@ -183,6 +191,7 @@ pub fn router(state: AppState) -> Router {
         .route("/chunks/missing", post(files::missing))
         .route("/chunks/uploads", post(files::uploads))
         .route("/chunks/{hash}", put(files::put_chunk))
+        .route("/session", post(api::session))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let open = Router::new()
         .route("/health", get(api::health))
@@ -195,27 +204,71 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The cookie the dashboard sets so that the browser's own downloads (a
-/// link, streamed to disk) carry the token.
-pub const TOKEN_COOKIE: &str = "relaunch_token";
+/// The cookie that lets the browser's own downloads (a link, streamed to
+/// disk) read from a server with a token, without the token in it.
+///
+/// `POST /api/v1/session`, made with the token, sets it: `HttpOnly` (no
+/// script reads it, another port's page included: cookies are not kept
+/// apart by port), `SameSite=Strict`, `Path=/api/v1`. Its value is derived
+/// from the token (BLAKE3 `derive_key`), so it does not give the token
+/// away, survives restarts and holds on every replica with that token; it
+/// admits `GET` and `HEAD` only. Its name carries a fingerprint of the
+/// value, so servers with other tokens on the same host do not overwrite
+/// each other's.
+#[derive(Debug)]
+pub struct Session {
+    name: String,
+    value: String,
+}
+
+impl Session {
+    const CONTEXT: &str = "relaunch 2026-12-07 dashboard read session";
+
+    fn of(token: &str) -> Self {
+        let value = blake3::Hash::from(blake3::derive_key(Self::CONTEXT, token.as_bytes()))
+            .to_hex()
+            .to_string();
+        let fingerprint = blake3::hash(value.as_bytes()).to_hex();
+        Self {
+            name: format!("relaunch_session_{}", &fingerprint[..12]),
+            value,
+        }
+    }
+
+    /// The `Set-Cookie` value that `POST /session` answers with.
+    pub(crate) fn set_cookie(&self) -> String {
+        format!(
+            "{}={}; Path={}; HttpOnly; SameSite=Strict",
+            self.name,
+            self.value,
+            relaunch_api::API_PREFIX
+        )
+    }
+}
 
 /// Every guarded request must carry `Authorization: Bearer TOKEN` when the
-/// server has a token. A `GET` or `HEAD` may carry it as the
-/// [`TOKEN_COOKIE`] cookie instead (the dashboard sets it `SameSite=Strict`;
-/// nothing that writes is accepted on a cookie).
+/// server has a token. A `GET` or `HEAD` may carry the dashboard's
+/// [`Session`] cookie instead (nothing that writes is accepted on a cookie).
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(token) = &state.token else {
         return next.run(request).await;
     };
     let headers = request.headers();
     let reads = matches!(*request.method(), Method::GET | Method::HEAD);
-    let given = headers
+    let bearer_token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
-        .map(str::to_owned)
-        .or_else(|| reads.then(|| cookie(headers, TOKEN_COOKIE)).flatten());
-    match given.as_deref() {
+        .map(str::to_owned);
+    if bearer_token.is_none()
+        && reads
+        && let Some(session) = &state.session
+        && let Some(given) = cookie(headers, &session.name)
+        && bool::from(given.as_bytes().ct_eq(session.value.as_bytes()))
+    {
+        return next.run(request).await;
+    }
+    match bearer_token.as_deref() {
         Some(given) if bool::from(given.as_bytes().ct_eq(token.as_bytes())) => next.run(request).await,
         Some(_) => AppError::Unauthorized("wrong token: send the server's token (its --token or RELAUNCH_SERVER_TOKEN)".into())
             .into_response(),

@@ -252,8 +252,27 @@ async fn a_token_guards_every_data_path() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(server.send(right).await.0, StatusCode::OK);
-        // The dashboard's cookie: good for reads (a download link), percent-
-        // decoded, never for writes.
+        // The dashboard's read cookie, which `POST /session` sets when made
+        // with the token: good for reads (a download link), never for
+        // writes. Issue 35: the token itself was the cookie, set by script.
+        let session = Request::builder()
+            .method("POST")
+            .uri("/api/v1/session")
+            .header(header::AUTHORIZATION, "Bearer s3cret")
+            .body(Body::empty())
+            .unwrap();
+        let response = router(server.state.clone()).oneshot(session).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        let set = response.headers()[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            set.contains("; Path=/api/v1; HttpOnly; SameSite=Strict") && !set.contains("s3cret"),
+            "{set}"
+        );
+        let pair = set.split(';').next().unwrap().to_owned();
+        assert!(pair.starts_with("relaunch_session_"), "{pair}");
         let with_cookie = |method: &str, cookie: &str| {
             Request::builder()
                 .method(method)
@@ -263,17 +282,19 @@ async fn a_token_guards_every_data_path() {
                 .body(Body::from(r#"{"project": "p", "attempt_token": "t"}"#))
                 .unwrap()
         };
-        let cookie = "theme=dark; relaunch_token=s3cr%65t";
+        let cookie = format!("theme=dark; {pair}");
         assert_eq!(
-            server.send(with_cookie("GET", cookie)).await.0,
+            server.send(with_cookie("GET", &cookie)).await.0,
             StatusCode::OK
         );
-        let (status, body) = server.send(with_cookie("POST", cookie)).await;
+        let (status, body) = server.send(with_cookie("POST", &cookie)).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert!(error(&body).error.contains("Authorization: Bearer TOKEN"));
-        let (status, body) = server.send(with_cookie("GET", "relaunch_token=nope")).await;
-        assert_eq!(status, StatusCode::UNAUTHORIZED);
-        assert!(error(&body).error.contains("wrong token"));
+        let (name, _) = pair.split_once('=').unwrap();
+        for refused in [format!("{name}=nope"), "relaunch_token=s3cret".to_owned()] {
+            let (status, _) = server.send(with_cookie("GET", &refused)).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{refused}");
+        }
         // Health stays open, for load balancers.
         assert_eq!(server.get("/api/v1/health").await.0, StatusCode::OK);
     }
